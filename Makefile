@@ -1,0 +1,121 @@
+# celld-operator — build, check and test entry points.
+#
+#   make demo     local control plane + CRDs + sample fleets (README's first command)
+#   make test     everything: checks, unit tests, real-cluster suites (README's second command)
+#
+# Expensive builds (control-plane binaries, cargo-installed tools) are cached outside the
+# checkout under $(CACHE), keyed by content hashes; a warm cache makes them no-ops.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+CACHE ?= $(or $(CELLD_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/celld-operator)
+export CELLD_CACHE_DIR := $(CACHE)
+CARGO ?= cargo
+CLUSTER_DIR ?= $(CURDIR)/.work/cluster
+export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
+KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
+
+.PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
+        test-cluster cluster-up cluster-down demo bench fuzz clean-cluster help
+
+all: build
+
+help:
+	@grep -E '^#   make' Makefile | sed 's/^#   //'
+	@echo "other targets: deps build control-plane crds check test-fast cluster-up cluster-down bench fuzz"
+
+## deps: Debian packages and toolchain pieces the build and tests need (idempotent).
+deps:
+	@echo "==> checking build dependencies"
+	@missing=""; \
+	for tool in openssl:openssl curl:curl setsid:util-linux; do \
+	  command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "==> apt-get install$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; \
+	fi
+	@command -v go >/dev/null || { echo "Go is required (the control plane is built from the Go module proxy)"; exit 1; }
+	@command -v $(CARGO) >/dev/null || { echo "cargo is required"; exit 1; }
+	@rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt
+	@rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy
+	@echo "==> dependencies ok ($$(go version | cut -d' ' -f3), $$($(CARGO) --version | cut -d' ' -f2))"
+
+build: deps
+	@echo "==> cargo build"
+	$(CARGO) build --workspace --all-targets
+
+## control-plane: builds kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm (cached).
+control-plane: deps
+	@echo "==> control-plane binaries (cold build: ~10 min on 2 cores, once per machine)"
+	integration/cluster/build.sh
+
+crds:
+	$(CARGO) run -q --bin celld-operator -- crds > crds/celld.eric.dev.yaml
+	@echo "==> crds/ regenerated"
+
+crds-check:
+	@echo "==> checking crds/ for drift"
+	@$(CARGO) run -q --bin celld-operator -- crds | diff -u crds/celld.eric.dev.yaml - \
+	  || { echo "crds/ is stale: run 'make crds' and commit the result"; exit 1; }
+
+fmt-check:
+	@echo "==> rustfmt"
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	@echo "==> clippy (warnings denied)"
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## unit: tests that need no cluster (library, binary and journal tests).
+unit:
+	@echo "==> unit tests"
+	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test -p celld-journal
+
+check: deps fmt-check clippy unit crds-check
+
+## test-cluster: the real-cluster suites (starts or reuses the local control plane).
+test-cluster: control-plane
+	@echo "==> real-cluster suites (logs: $(CLUSTER_DIR)/logs)"
+	$(CARGO) test -p celld-harness -- --test-threads=4
+
+test: check test-cluster
+	@echo "==> all tests passed"
+
+test-fast: deps
+	$(CARGO) test --workspace --lib --bins
+	$(CARGO) test -p celld-harness --test crd_admission
+
+cluster-up: control-plane
+	integration/cluster/up.sh $(CLUSTER_DIR)
+
+cluster-down:
+	integration/cluster/down.sh $(CLUSTER_DIR)
+
+clean-cluster:
+	integration/cluster/down.sh $(CLUSTER_DIR) --purge
+
+## demo: local control plane, CRDs and the sample fleets.
+demo: cluster-up
+	@echo "==> installing CRDs and sample fleets"
+	$(CARGO) build -q --bin celld-operator
+	$(KUBECTL) apply --server-side --force-conflicts -f crds/
+	$(KUBECTL) wait --for condition=Established crd/celldfleets.celld.eric.dev --timeout 60s
+	$(KUBECTL) apply -f config/samples/
+	$(KUBECTL) get celldfleets -o wide
+	@echo
+	@echo "The control plane keeps running. Use it with:"
+	@echo "  export KUBECONFIG=$(CLUSTER_DIR)/admin.kubeconfig"
+	@echo "  $$(integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl get celldfleets"
+	@echo "Stop it with: make cluster-down"
+
+## bench: journal benchmarks (criterion); medians are reported in issue notes.
+bench:
+	$(CARGO) bench -p celld-journal
+
+## fuzz: bounded fuzzing of the journal decoder and command parser.
+FUZZ_SECONDS ?= 60
+fuzz:
+	journal/fuzz/run.sh $(FUZZ_SECONDS)

@@ -1,0 +1,1 @@
+//! The celld-operator operation journal (skeleton; see spec/journal.md).

@@ -1,0 +1,22 @@
+//! Labels, annotations, finalizers and gates (api.md §4).
+
+/// Label carried by every owned object; the selector of every workload.
+pub const FLEET_UID_LABEL: &str = "celld.eric.dev/fleet-uid";
+/// Finalizer held on a fleet until teardown finished.
+pub const LIFECYCLE_FINALIZER: &str = "celld.eric.dev/lifecycle-protection";
+/// The operation journal annotation on the fleet.
+pub const JOURNAL_ANNOTATION: &str = "celld.eric.dev/journal";
+/// `abandon <op>` | `retry <op>`, written by the CLI, consumed by the operator.
+pub const JOURNAL_COMMAND_ANNOTATION: &str = "celld.eric.dev/journal-command";
+/// Administrative member replacement request.
+pub const REPLACE_MEMBER_ANNOTATION: &str = "celld.eric.dev/replace-member";
+/// `<operationId>/<step>` of the last workload write (workload metadata only).
+pub const EFFECT_ANNOTATION: &str = "celld.eric.dev/effect";
+/// Last applied restart token (Pod template).
+pub const RESTART_TOKEN_ANNOTATION: &str = "celld.eric.dev/restart-token";
+/// Reservation name (claim template).
+pub const STORAGE_RESERVATION_ANNOTATION: &str = "celld.eric.dev/storage-reservation";
+/// Spec-hash encoding of a reservation.
+pub const SPEC_HASH_FORMAT_ANNOTATION: &str = "celld.eric.dev/spec-hash-format";
+/// The only spec-hash format this release writes.
+pub const SPEC_HASH_FORMAT: &str = "jcs-sha256-v1";

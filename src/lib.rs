@@ -1,0 +1,6 @@
+//! celld-operator: a Kubernetes operator for fleets of the celld runtime.
+//!
+//! Modules follow the house style (`../shared/style.md`): `api` (CRD types),
+//! and, as they land, `render`, `plan`, `effects`, `status`, `cli`.
+
+pub mod api;
