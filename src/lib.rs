@@ -4,3 +4,4 @@
 //! and, as they land, `render`, `plan`, `effects`, `status`, `cli`.
 
 pub mod api;
+pub mod render;

@@ -1,4 +1,7 @@
 //! `CelldFleet` (api.md §2).
+// The CustomResource derive takes one `printcolumn(...)` per column; clippy reads the
+// repeated `type_ = ...` keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;

@@ -1,4 +1,7 @@
 //! `CelldStorageReservation` (api.md §3): binds one bucket to one fleet UID for ever.
+// The CustomResource derive takes one `printcolumn(...)` per column; clippy reads the
+// repeated `type_ = ...` keys as duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 
 use kube::CustomResource;
 use schemars::JsonSchema;
