@@ -77,7 +77,7 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
 }
 
 /// JSON schema fragments shared by several fields.
-pub(crate) mod patterns {
+pub mod patterns {
     /// DNS subdomain (RFC 1123), as api.md footnote 1.
     pub const DNS_SUBDOMAIN: &str =
         r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
