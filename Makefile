@@ -16,7 +16,7 @@ export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
 KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
 
 .PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
-        test-cluster cluster-up cluster-down demo bench fuzz clean-cluster help
+        chart-check test-cluster cluster-up cluster-down demo bench fuzz clean-cluster help
 
 all: build
 
@@ -53,7 +53,8 @@ control-plane: deps
 
 crds:
 	$(CARGO) run -q --bin celld-operator -- crds > crds/celld.eric.dev.yaml
-	@echo "==> crds/ regenerated"
+	cp crds/celld.eric.dev.yaml helm/celld-operator/crds/celld.eric.dev.yaml
+	@echo "==> crds/ and helm/celld-operator/crds/ regenerated"
 
 crds-check:
 	@echo "==> checking crds/ for drift"
@@ -74,7 +75,11 @@ unit:
 	$(CARGO) test --workspace --lib --bins
 	$(CARGO) test -p celld-journal
 
-check: deps fmt-check clippy unit crds-check
+## chart-check: helm lint --strict, values-schema tests, template snapshots, chart CRD sync.
+chart-check: control-plane
+	helm/tests/chart-check.sh
+
+check: deps fmt-check clippy unit crds-check chart-check
 
 ## test-cluster: the real-cluster suites (starts or reuses the local control plane).
 test-cluster: control-plane

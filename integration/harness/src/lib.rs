@@ -256,3 +256,34 @@ pub fn api_error_message<T: std::fmt::Debug>(
         Err(other) => bail!("expected an API rejection, got another error: {other}"),
     }
 }
+
+impl Cluster {
+    /// Runs helm with the admin kubeconfig; returns stdout, fails with stderr.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(self.bin_dir.join("helm"))
+            .env("KUBECONFIG", &self.admin_kubeconfig)
+            .env("HELM_CACHE_HOME", self.work_dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.work_dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.work_dir.join("helm/data"))
+            .args(args)
+            .output()
+            .context("running helm")?;
+        if !out.status.success() {
+            bail!(
+                "helm {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// The HTTP status of an API error (403, 404, …), or `None` when the call succeeded.
+pub fn api_status<T>(result: &std::result::Result<T, kube::Error>) -> Option<u16> {
+    match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) => Some(status.code),
+        Err(_) => Some(0),
+    }
+}

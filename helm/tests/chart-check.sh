@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# make chart-check: lint, values-schema tests, template snapshots, CRD sync.
+#   UPDATE=1 helm/tests/chart-check.sh   regenerates the snapshots after a deliberate change.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+chart=$repo/helm/celld-operator
+helm=$("$repo/integration/cluster/build.sh" | tail -n 1)/helm
+fail=0
+echo "==> helm lint --strict"
+"$helm" lint --strict "$chart" >/dev/null
+
+echo "==> values schema: bad values are rejected with a clear message"
+reject() { # message-fragment set-args...
+  local want=$1; shift
+  local out
+  if out=$("$helm" template t "$chart" "$@" 2>&1); then
+    echo "  FAIL: accepted $*"; fail=1
+  elif ! grep -q -- "$want" <<<"$out"; then
+    echo "  FAIL: $* rejected without '$want':"; echo "$out" | head -5 | sed 's/^/    /'; fail=1
+  else
+    echo "  ok: rejects $*"
+  fi
+}
+accept() {
+  if ! "$helm" template t "$chart" "$@" >/dev/null 2>&1; then echo "  FAIL: rejected $*"; fail=1; else echo "  ok: accepts $*"; fi
+}
+reject "memberReplacementDelay" --set memberReplacementDelay=30s
+reject "memberReplacementDelay" --set memberReplacementDelay=0m
+reject "memberReplacementDelay" --set memberReplacementDelay=10
+reject "image.digest" --set image.digest=latest
+reject "image" --set-string image.tag=v1
+reject "replicas" --set replicas=0
+reject "logFormat" --set logFormat=xml
+reject "annotationBytes" --set journal.annotationBytes=200000
+reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
+reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
+reject "additional" --set unknownKey=1
+accept --set memberReplacementDelay=1m
+accept --set memberReplacementDelay=2h
+accept --set memberReplacementDelay=1h5m
+
+echo "==> template snapshots"
+mkdir -p "$here/snapshots"
+for values in "$here"/values-*.yaml; do
+  name=$(basename "$values" .yaml)
+  rendered=$("$helm" template celld-operator "$chart" --namespace celld-system -f "$values")
+  snap=$here/snapshots/$name.yaml
+  if [ "${UPDATE:-0}" = 1 ]; then
+    printf '%s\n' "$rendered" > "$snap"; echo "  updated $snap"
+  elif ! diff -u "$snap" <(printf '%s\n' "$rendered") >/dev/null 2>&1; then
+    echo "  FAIL: $name differs from $snap (UPDATE=1 $0 after a deliberate change):"
+    diff -u "$snap" <(printf '%s\n' "$rendered") | head -20 | sed 's/^/    /' || true
+    fail=1
+  else
+    echo "  ok: $name"
+  fi
+done
+
+echo "==> chart CRDs in sync with crds/"
+if ! diff -u "$repo/crds/celld.eric.dev.yaml" "$chart/crds/celld.eric.dev.yaml" >/dev/null; then
+  echo "  FAIL: helm/celld-operator/crds is stale: run 'make crds'"; fail=1
+else
+  echo "  ok"
+fi
+exit $fail
