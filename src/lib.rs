@@ -4,5 +4,6 @@
 //! and, as they land, `render`, `plan`, `effects`, `status`, `cli`.
 
 pub mod api;
+pub mod cli;
 pub mod render;
 pub mod validate;

@@ -1,0 +1,309 @@
+//! Command line (behavior.md §17): `run`, `crds`, `version`, `journal …`.
+//!
+//! The binary installed as `kubectl-celld` serves the same commands (`kubectl celld …`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Kubernetes operator for fleets of the celld runtime.
+#[derive(Parser, Debug)]
+#[command(
+    name = "celld-operator",
+    version,
+    about,
+    disable_help_subcommand = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the controller.
+    Run(RunArgs),
+    /// Print both CRDs as multi-document YAML.
+    Crds,
+    /// Print the version, commit and served API version.
+    Version,
+    /// Read, verify and export operation journals; send commands.
+    #[command(subcommand)]
+    Journal(JournalCommand),
+}
+
+/// Log output format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Plain,
+}
+
+/// Flags of `run` (behavior.md §17).
+#[derive(Args, Debug, Clone)]
+#[command(arg_required_else_help = false)]
+pub struct RunArgs {
+    /// Lease namespace; operator Pods there are admitted by each fleet's NetworkPolicy.
+    #[arg(long, default_value = "celld-system")]
+    pub operator_namespace: String,
+    /// The administrator attests the CNI enforces NetworkPolicy; without it nothing is provisioned.
+    #[arg(long)]
+    pub network_policy_enforced: bool,
+    /// Metrics address (`0` = off), e.g. `:8084`.
+    #[arg(long, default_value = "0")]
+    pub metrics_bind_address: String,
+    /// Health address for `/livez` and `/readyz`.
+    #[arg(long, default_value = ":8082")]
+    pub health_bind_address: String,
+    /// How long a member may stay down before it is replaced (at least 1m).
+    #[arg(long, default_value = "10m", value_parser = parse_replacement_delay)]
+    pub member_replacement_delay: Duration,
+    /// Disposable test clusters: test StorageClass provisioner, test-store environment, failpoints.
+    #[arg(long)]
+    pub local_test: bool,
+    /// Local journal mirror (sled).
+    #[arg(long, default_value = "/var/lib/celld-operator/journal")]
+    pub journal_dir: PathBuf,
+    /// Byte budget of the journal annotation (hard maximum 131072).
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(4096..=131_072))]
+    pub journal_annotation_bytes: u32,
+    /// Mirror entries kept per fleet.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub journal_retention: u64,
+    /// `NAME[:N]`: exit with code 3 the (N-th) time NAME is reached (needs --local-test).
+    #[arg(long, value_parser = parse_fault_point)]
+    pub fault_point: Option<FaultPoint>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+}
+
+/// The failpoints of journal.md.
+pub const FAULT_POINTS: [&str; 7] = [
+    "before-intent",
+    "after-intent",
+    "before-effect",
+    "after-effect",
+    "before-claim-delete",
+    "after-claim-delete",
+    "before-complete",
+];
+
+/// A parsed `--fault-point`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultPoint {
+    /// Boundary name.
+    pub name: String,
+    /// Fire on the N-th time the boundary is reached (1-based).
+    pub nth: u32,
+}
+
+fn parse_fault_point(s: &str) -> Result<FaultPoint, String> {
+    let (name, nth) = match s.split_once(':') {
+        Some((n, k)) => (
+            n,
+            k.parse::<u32>()
+                .map_err(|_| format!("{k:?} is not a positive count"))?,
+        ),
+        None => (s, 1),
+    };
+    if nth == 0 {
+        return Err("the count is 1-based".into());
+    }
+    if !FAULT_POINTS.contains(&name) {
+        return Err(format!(
+            "unknown failpoint {name:?}; known: {}",
+            FAULT_POINTS.join(", ")
+        ));
+    }
+    Ok(FaultPoint {
+        name: name.to_string(),
+        nth,
+    })
+}
+
+/// Parses `10m`, `1h`, `1h30m`, `90s` (Go-style, h/m/s) and requires at least one minute.
+pub fn parse_replacement_delay(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(60) {
+        return Err(format!("{s} is below the minimum of 1m"));
+    }
+    Ok(d)
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    let mut total = 0u64;
+    let mut number = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            number.push(c);
+            continue;
+        }
+        let unit = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return Err(format!("{s:?}: unknown unit {c:?} (use h, m or s)")),
+        };
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration like 10m or 1h30m"))?;
+        total = n
+            .checked_mul(unit)
+            .and_then(|v| total.checked_add(v))
+            .ok_or("duration too large")?;
+        number.clear();
+    }
+    if !number.is_empty() {
+        return Err(format!("{s:?} lacks a unit (h, m or s)"));
+    }
+    Ok(Duration::from_secs(total))
+}
+
+impl RunArgs {
+    /// Cross-flag rules that clap cannot express.
+    pub fn check(&self) -> Result<(), String> {
+        if self.fault_point.is_some() && !self.local_test {
+            return Err("--fault-point needs --local-test".into());
+        }
+        Ok(())
+    }
+}
+
+/// Output format of `journal show`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShowFormat {
+    /// Aligned text.
+    Table,
+    /// JSON Lines.
+    Jsonl,
+}
+
+/// Where `journal` reads from.
+#[derive(Args, Debug, Clone)]
+pub struct JournalSource {
+    /// Read a local mirror directory (sled) instead of the cluster.
+    #[arg(long, value_name = "DIR")]
+    pub mirror: Option<PathBuf>,
+    /// Only this fleet UID (mirror source).
+    #[arg(long, value_name = "UID")]
+    pub fleet: Option<String>,
+}
+
+/// `journal` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum JournalCommand {
+    /// Operations and their transitions.
+    Show {
+        /// Where to read.
+        #[command(flatten)]
+        source: JournalSource,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "table")]
+        format: ShowFormat,
+    },
+    /// Recompute the hash chain and check the transitions; exit 1 on a broken journal.
+    Verify {
+        /// Where to read.
+        #[command(flatten)]
+        source: JournalSource,
+    },
+    /// Every entry as JSON Lines.
+    Export {
+        /// Where to read.
+        #[command(flatten)]
+        source: JournalSource,
+        /// Output format (only `jsonl`).
+        #[arg(long, default_value = "jsonl", value_parser = ["jsonl"])]
+        format: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("celld-operator").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn replacement_delay_below_one_minute_is_a_startup_error() {
+        assert!(parse(&["run", "--member-replacement-delay=30s"]).is_err());
+        assert!(parse(&["run", "--member-replacement-delay=59s"]).is_err());
+        let Command::Run(run) = parse(&["run", "--member-replacement-delay=1h30m"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(run.member_replacement_delay, Duration::from_secs(5400));
+    }
+
+    #[test]
+    fn fault_points_are_named_and_need_local_test() {
+        let Command::Run(run) = parse(&["run", "--fault-point=after-effect:2"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(
+            run.fault_point,
+            Some(FaultPoint {
+                name: "after-effect".into(),
+                nth: 2
+            })
+        );
+        assert!(
+            run.check().is_err(),
+            "a failpoint without --local-test is refused"
+        );
+        assert!(parse(&["run", "--fault-point=nowhere"]).is_err());
+        assert!(parse(&["run", "--fault-point=before-intent:0"]).is_err());
+    }
+
+    #[test]
+    fn stray_arguments_and_oversized_budgets_are_usage_errors() {
+        assert!(parse(&["run", "extra"]).is_err());
+        assert!(parse(&["run", "--journal-annotation-bytes=200000"]).is_err());
+        assert!(parse(&["journal", "export", "--format=csv"]).is_err());
+    }
+
+    /// The Helm chart renders these flags; the binary must accept every one of them.
+    #[test]
+    fn the_charts_rendered_arguments_parse() {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for snapshot in ["values-default.yaml", "values-full.yaml"] {
+            let text =
+                std::fs::read_to_string(repo.join("helm/tests/snapshots").join(snapshot)).unwrap();
+            let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+                .collect();
+            let operator = docs
+                .iter()
+                .find(|d| d["kind"] == "Deployment" || d["kind"] == "StatefulSet")
+                .expect("the chart renders the operator workload");
+            let args: Vec<String> = serde_yaml::from_value(
+                operator["spec"]["template"]["spec"]["containers"][0]["args"].clone(),
+            )
+            .unwrap();
+            let cli = Cli::try_parse_from(
+                std::iter::once("celld-operator".to_string()).chain(args.clone()),
+            )
+            .unwrap_or_else(|e| panic!("{snapshot}: chart args {args:?} rejected: {e}"));
+            let Command::Run(run) = cli.command else {
+                panic!("the chart runs `run`")
+            };
+            run.check().unwrap();
+        }
+    }
+}
