@@ -85,6 +85,7 @@ check: deps fmt-check clippy unit crds-check chart-check
 test-cluster: control-plane
 	@echo "==> real-cluster suites (logs: $(CLUSTER_DIR)/logs)"
 	$(CARGO) test -p celld-harness -- --test-threads=4
+	$(CARGO) test -p celld-operator --test journal_cluster
 
 test: check test-cluster
 	@echo "==> all tests passed"

@@ -187,15 +187,59 @@ pub enum ShowFormat {
     Jsonl,
 }
 
+/// Which copy of a journal to read.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The fleet's annotation on the cluster (the authority).
+    Cluster,
+    /// The local sled mirror at `--journal-dir`.
+    Mirror,
+    /// Both, compared (verify reports disagreements).
+    Both,
+}
+
 /// Where `journal` reads from.
 #[derive(Args, Debug, Clone)]
 pub struct JournalSource {
-    /// Read a local mirror directory (sled) instead of the cluster.
-    #[arg(long, value_name = "DIR")]
+    /// The fleet, as `NAMESPACE/NAME` (cluster source).
+    #[arg(value_name = "NS/FLEET")]
+    pub target: Option<String>,
+    /// Which copy to read.
+    #[arg(long, value_enum, default_value = "cluster")]
+    pub source: Source,
+    /// The local mirror (sled) for `--source mirror|both`.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/celld-operator/journal"
+    )]
+    pub journal_dir: PathBuf,
+    /// Shorthand for `--source mirror --journal-dir DIR`.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["source", "journal_dir"])]
     pub mirror: Option<PathBuf>,
-    /// Only this fleet UID (mirror source).
+    /// Only this fleet UID (mirror source without NS/FLEET).
     #[arg(long, value_name = "UID")]
     pub fleet: Option<String>,
+}
+
+impl JournalSource {
+    /// The effective source and mirror directory.
+    pub fn resolved(&self) -> (Source, PathBuf) {
+        match &self.mirror {
+            Some(dir) => (Source::Mirror, dir.clone()),
+            None => (self.source, self.journal_dir.clone()),
+        }
+    }
+}
+
+/// Parses `NAMESPACE/NAME`.
+pub fn parse_target(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!("{s:?} is not NAMESPACE/FLEET")),
+    }
 }
 
 /// `journal` subcommands.
@@ -224,6 +268,22 @@ pub enum JournalCommand {
         /// Output format (only `jsonl`).
         #[arg(long, default_value = "jsonl", value_parser = ["jsonl"])]
         format: String,
+    },
+    /// Stop driving a blocked or stalled operation (sets `celld.eric.dev/journal-command`).
+    Abandon {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// The operation id.
+        op: String,
+    },
+    /// Run a blocked operation's step again (sets `celld.eric.dev/journal-command`).
+    Retry {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// The operation id.
+        op: String,
     },
 }
 
@@ -276,6 +336,11 @@ mod tests {
         assert!(parse(&["run", "extra"]).is_err());
         assert!(parse(&["run", "--journal-annotation-bytes=200000"]).is_err());
         assert!(parse(&["journal", "export", "--format=csv"]).is_err());
+        assert!(
+            parse(&["journal", "abandon", "fleets", "op"]).is_err(),
+            "NS/FLEET is required"
+        );
+        assert!(parse(&["journal", "show", "--mirror", "/tmp/x", "--source", "cluster"]).is_err());
     }
 
     /// The Helm chart renders these flags; the binary must accept every one of them.

@@ -5,5 +5,6 @@
 
 pub mod api;
 pub mod cli;
+pub mod journal_store;
 pub mod render;
 pub mod validate;

@@ -1,0 +1,132 @@
+//! The journal's home on the cluster: the fleet annotation `celld.eric.dev/journal`,
+//! appended with compare-and-swap, then mirrored to the local sled store.
+//!
+//! Order matters (journal.md "Where it lives"): the annotation is the authority, so an
+//! entry exists once the patch carrying the fleet's `metadata.resourceVersion` is
+//! accepted; only then is it written to the mirror and flushed, and only after that may
+//! the effect it announces be issued. A conflict or an unknown outcome is never retried
+//! here: the next reconcile reads the fleet again and decides from what is there.
+
+use journal::{Budget, Entry, Journal, LoadError, Mirror, MirrorError, NewEntry, StageError};
+use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::api::keys::{JOURNAL_ANNOTATION, JOURNAL_COMMAND_ANNOTATION};
+use crate::api::CelldFleet;
+
+/// Why an append did not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum AppendError {
+    /// The entry is illegal here or does not fit the budget; nothing was written.
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    /// The fleet changed since it was read (HTTP 409); nothing was written.
+    #[error("the fleet changed since resourceVersion {0}; the next reconcile decides again")]
+    Conflict(String),
+    /// The request failed; it may or may not have been applied.
+    #[error("appending to the journal annotation failed (outcome unknown): {0}")]
+    Unknown(#[source] kube::Error),
+    /// The fleet lacks a name, namespace or resourceVersion.
+    #[error("the fleet object lacks {0}")]
+    Incomplete(&'static str),
+    /// The committed entry could not be mirrored; the effect must not be issued.
+    #[error("mirroring the committed entry failed: {0}")]
+    Mirror(#[from] MirrorError),
+}
+
+/// Loads and verifies the journal held by a fleet object.
+pub fn load(fleet: &CelldFleet) -> Result<Journal, LoadError> {
+    let uid = fleet.uid().unwrap_or_default();
+    Journal::load(
+        fleet
+            .annotations()
+            .get(JOURNAL_ANNOTATION)
+            .map(String::as_str),
+        &uid,
+    )
+}
+
+/// A committed append.
+#[derive(Debug)]
+pub struct Committed {
+    /// The journal after the append.
+    pub journal: Journal,
+    /// The sealed entry (to publish as an Event).
+    pub entry: Entry,
+    /// The fleet as the API server returned it (new resourceVersion).
+    pub fleet: CelldFleet,
+}
+
+/// Appends `entry` to the journal of `fleet` (as read, with its resourceVersion), then
+/// mirrors it. `remove_command` also removes a consumed `journal-command` annotation in
+/// the same write (so a command is consumed exactly when its entry is committed).
+pub async fn append(
+    api: &Api<CelldFleet>,
+    fleet: &CelldFleet,
+    journal: &Journal,
+    entry: NewEntry,
+    budget: Budget,
+    mirror: Option<&Mirror>,
+    remove_command: bool,
+) -> Result<Committed, AppendError> {
+    let staged = journal.stage(entry, budget)?;
+    let name = fleet
+        .metadata
+        .name
+        .as_deref()
+        .ok_or(AppendError::Incomplete("a name"))?;
+    let rv = fleet
+        .metadata
+        .resource_version
+        .as_deref()
+        .ok_or(AppendError::Incomplete("a resourceVersion"))?;
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(JOURNAL_ANNOTATION.into(), json!(staged.annotation()));
+    if remove_command {
+        annotations.insert(JOURNAL_COMMAND_ANNOTATION.into(), serde_json::Value::Null);
+    }
+    // A merge patch that names metadata.resourceVersion is a compare-and-swap: the API
+    // server answers 409 if the fleet moved on.
+    let patch = json!({"metadata": {"resourceVersion": rv, "annotations": annotations}});
+    let patched = match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(f) => f,
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            return Err(AppendError::Conflict(rv.to_string()))
+        }
+        Err(e) => return Err(AppendError::Unknown(e)),
+    };
+    let entry = staged.entry().clone();
+    let journal = staged.into_journal();
+    if let Some(mirror) = mirror {
+        // `record` flushes; a mirror that is behind is reconciled from the annotation.
+        if let Some(plan) = mirror.record(journal.document(), &entry)? {
+            mirror.apply(journal.fleet_uid(), &plan)?;
+        }
+    }
+    Ok(Committed {
+        journal,
+        entry,
+        fleet: patched,
+    })
+}
+
+/// Sets the `journal-command` annotation (`abandon <op>` / `retry <op>`), conditioned on
+/// the fleet's resourceVersion so a command never lands on a fleet the user did not see.
+pub async fn send_command(
+    api: &Api<CelldFleet>,
+    name: &str,
+    command: &str,
+) -> Result<(), kube::Error> {
+    let fleet = api.get(name).await?;
+    let patch = json!({"metadata": {
+        "resourceVersion": fleet.metadata.resource_version,
+        "annotations": {JOURNAL_COMMAND_ANNOTATION: command}
+    }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
