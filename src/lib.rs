@@ -5,6 +5,10 @@
 
 pub mod api;
 pub mod cli;
+pub mod controller;
+pub mod failpoint;
 pub mod journal_store;
+pub mod leader;
+pub mod reconcile;
 pub mod render;
 pub mod validate;

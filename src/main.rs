@@ -39,11 +39,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("celld-operator run: {problem}");
                 return Ok(ExitCode::from(2));
             }
-            anyhow::bail!(
-                "the controller is not part of this build yet (flags parsed: operator namespace {}); \
-                 see README \"Status of this tree\"",
-                args.operator_namespace
-            );
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(celld_operator::controller::run(args))?;
         }
         Command::Journal(cmd) => {
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -9,11 +9,12 @@
 //! [`Journal::load`] and [`Journal::stage`], so an async reconcile does
 //!
 //! ```text
-//! let journal = Journal::load(fleet.annotations.get(JOURNAL_ANNOTATION), uid)?;
-//! let staged = journal.stage(entry, budget)?;            // pure
-//! patch(fleet, resource_version, staged.annotation()).await?;   // compare-and-swap
+//! let journal = Journal::load(annotations.get(JOURNAL_ANNOTATION), uid)?;  // pure
+//! let staged = journal.stage(entry, budget)?;                             // pure
+//! patch_with_resource_version(fleet, rv, staged.annotation()).await?;     // compare-and-swap
+//! let entry = staged.entry().clone();
 //! let journal = staged.into_journal();
-//! mirror.append(uid, std::slice::from_ref(staged_entry))?;      // then flush before any effect
+//! mirror.record(journal.document(), &entry)?;   // flushed: only now issue the effect
 //! ```
 //!
 //! After a conflict or an unknown outcome ([`AppendError::Lost`]: the request may or may not
@@ -76,8 +77,11 @@ pub trait Appender {
     /// Reads the annotation and its version.
     fn load(&self) -> Result<Snapshot, AppendError>;
     /// Writes `annotation` if the object is still at `expected`; returns the new version.
-    fn compare_and_swap(&self, expected: &Version, annotation: &str)
-        -> Result<Version, AppendError>;
+    fn compare_and_swap(
+        &self,
+        expected: &Version,
+        annotation: &str,
+    ) -> Result<Version, AppendError>;
 }
 
 /// Loading failed.
@@ -251,7 +255,8 @@ impl Appender for InMemoryAppender {
     ) -> Result<Version, AppendError> {
         let mut s = self.lock();
         s.cas_calls += 1;
-        let fault = s.scheduled.remove(&s.cas_calls.clone());
+        let call = s.cas_calls;
+        let fault = s.scheduled.remove(&call);
         match fault {
             Some(Fault::Conflict) => {
                 return Err(AppendError::Conflict {

@@ -88,7 +88,9 @@ pub enum ChainProblem {
         found: Hash,
     },
     /// `hash` does not match the entry's content.
-    #[error("stored hash {stored} does not match the content's hash {computed} (the entry was changed)")]
+    #[error(
+        "stored hash {stored} does not match the content's hash {computed} (the entry was changed)"
+    )]
     HashMismatch {
         /// The entry's `hash`.
         stored: Hash,

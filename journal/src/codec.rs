@@ -49,7 +49,9 @@ pub enum DecodeError {
         message: String,
     },
     /// `v` is not 1.
-    #[error("unsupported journal format version {found} (this operator reads version {FORMAT_VERSION})")]
+    #[error(
+        "unsupported journal format version {found} (this operator reads version {FORMAT_VERSION})"
+    )]
     UnsupportedVersion {
         /// The value found, as JSON text.
         found: String,
@@ -204,7 +206,7 @@ pub(crate) fn encoded_len_parts(
     ch: &Hash,
     entry_lens: impl Iterator<Item = usize>,
 ) -> usize {
-    let mut n = 0;
+    let mut n: usize = 0;
     let mut total = header(fleet_uid, seq, head, ct, ch).len() + 2;
     for len in entry_lens {
         total += len;
@@ -329,7 +331,10 @@ fn body_json(body: &EntryBody) -> Json {
             .opt_str("workloadUID", i.workload_uid.as_deref())
             .opt_str(
                 "predecessorEffect",
-                i.predecessor_effect.as_ref().map(|e| e.to_string()).as_deref(),
+                i.predecessor_effect
+                    .as_ref()
+                    .map(|e| e.to_string())
+                    .as_deref(),
             )
             .build(),
         EntryBody::Issued(i) => b
@@ -339,7 +344,10 @@ fn body_json(body: &EntryBody) -> Json {
                 "decidedOnResourceVersion",
                 i.decided_on_resource_version.as_deref(),
             )
-            .opt_str("resultResourceVersion", i.result_resource_version.as_deref())
+            .opt_str(
+                "resultResourceVersion",
+                i.result_resource_version.as_deref(),
+            )
             .bool("replayed", i.replayed)
             .build(),
         EntryBody::ProofCaptured(p) => b

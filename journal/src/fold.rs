@@ -5,11 +5,11 @@
 //!
 //! | entry | allowed when |
 //! |---|---|
-//! | `Intent` | the id is new, and no operation is open — except an adoption (`MemberReplacement` with reason `AdoptedHold`, behavior.md §10.4), which never writes the workload; `deadline` after `at`; target Pods unique |
-//! | `Issued` | open, not blocked, not yet observed; `effect` is `<op>/<step>`; the step belongs to the kind; the step was not recorded before, unless a `Retried` came after its last record |
+//! | `Intent` | the id is new, and no operation is open — except an adoption (`MemberReplacement` with reason `AdoptedHold`, behavior.md §10.4), which never writes the workload; target Pods unique; `predecessorEffect` not its own |
+//! | `Issued` | open, not blocked, not yet observed; `effect` is `<op>/<step>`; the step belongs to the kind; the step was not recorded before — except `proof/<member>` and `restart/<member>`, which may be recorded again after a `Retried` that follows their last record (a retried strict removal asks the runtime again under the same id, behavior.md §3.4) |
 //! | `ProofCaptured` | as `Issued`, for a member among the Intent's targets, with `proof.operationId` equal to the op; once per member unless retried since |
 //! | `ClaimRetired` | as `Issued` (step `retire/<claim>`); a claim is retired at most once, retry or not |
-//! | `Recovered` | for an operation this journal holds: as `Issued`; for an unknown id: always (a *foreign record*: the world shows an effect of an operation the journal lost), once per effect |
+//! | `Recovered` | for an open operation: as `Issued`; for a closed one: the step belongs to the kind and is not recorded yet (an effect that landed but was never recorded before the operation was abandoned; it reopens nothing); for an unknown id: always (a *foreign record*: the world shows an effect of an operation the journal lost); each effect once |
 //! | `Observed` | open, not blocked, something issued, not observed yet |
 //! | `Completed` | open, not blocked, something issued |
 //! | `Canceled` | open, not blocked, **nothing issued** (no `Issued`, `ProofCaptured`, `ClaimRetired` or `Recovered`) |
@@ -17,7 +17,7 @@
 //! | `Stalled` | open, something issued, not stalled before (one `Stalled` per operation) |
 //! | `Retried` | blocked or stalled; clears the block (a stall stays: the deadline did pass) |
 //! | `Abandoned` | open |
-//! | anything else | after a terminal entry: never; for an unknown operation: never |
+//! | anything but `Recovered` | after a terminal entry: never; for an unknown operation: never |
 //!
 //! "Something issued" means any `Issued`, `ProofCaptured`, `ClaimRetired` or `Recovered` entry.
 
@@ -196,11 +196,23 @@ impl Operation {
             .find(|(_, p)| p.member == member)
             .map(|(_, p)| &p.proof)
     }
-    /// Whether `step` has been recorded and not retried since — i.e. whether the driver must
-    /// not issue it again.
+    /// Whether `step` has been recorded (by `Issued`, `ClaimRetired` or `Recovered`).
     pub fn has_effect(&self, step: &Step) -> bool {
+        self.last_record_of(step).is_some()
+    }
+    /// Whether a `Retried` came after the last record of `step`, so that a `proof/<member>` or
+    /// `restart/<member>` step may be recorded again (behavior.md §3.4: a retried strict
+    /// removal asks the runtime again under the same id). Which proofs to redo is the caller's
+    /// decision (proofs from unchanged runtimes stay valid).
+    pub fn retried_since(&self, step: &Step) -> bool {
         self.last_record_of(step)
-            .is_some_and(|seq| !self.retried.iter().any(|&r| r > seq))
+            .is_some_and(|seq| self.retried.iter().any(|&r| r > seq))
+    }
+    /// Whether `step` may be recorded now as far as the exactly-once rule goes: never recorded,
+    /// or a runtime-facing step (`proof/…`, `restart/…`) retried since its last record.
+    pub fn may_record(&self, step: &Step) -> bool {
+        !self.has_effect(step)
+            || (matches!(step, Step::Proof(_) | Step::Restart(_)) && self.retried_since(step))
     }
     /// Whether anything was issued (`Issued`, `ProofCaptured`, `ClaimRetired` or `Recovered`).
     pub fn issued_anything(&self) -> bool {
@@ -426,7 +438,7 @@ pub enum TransitionError {
         stalled_seq: Seq,
     },
     /// A step recorded a second time (the exactly-once rule).
-    #[error("step {step} of operation {op} was already recorded at seq {first_seq}; an effect is recorded exactly once (unless retried)")]
+    #[error("step {step} of operation {op} was already recorded at seq {first_seq}; an effect is recorded exactly once")]
     DuplicateEffect {
         /// The operation.
         op: OperationId,
@@ -559,10 +571,12 @@ impl Fold {
         self.ops
             .iter()
             .filter_map(|o| match o.closure() {
-                Some(c @ Closure {
-                    outcome: Outcome::Completed(_),
-                    ..
-                }) => o.intent.token.as_deref().map(|t| (c.seq, t)),
+                Some(
+                    c @ Closure {
+                        outcome: Outcome::Completed(_),
+                        ..
+                    },
+                ) => o.intent.token.as_deref().map(|t| (c.seq, t)),
                 _ => None,
             })
             .max_by_key(|(seq, _)| *seq)
@@ -582,6 +596,14 @@ impl Fold {
             };
         };
         if let Some(c) = &o.closed {
+            if let EntryBody::Recovered(r) = body {
+                // A fact about the world, e.g. an effect that landed just before a crash and
+                // was never recorded because the operation was abandoned on restart: recording
+                // it keeps the predecessor guard truthful and reopens nothing.
+                if r.effect.op == op {
+                    return self.check_step(o, &r.effect.step);
+                }
+            }
             return Err(TransitionError::OperationClosed {
                 op,
                 entry_type,
@@ -684,11 +706,8 @@ impl Fold {
                         found: truncate_for_message(&p.proof.operation_id),
                     });
                 }
-                if let Some((first_seq, _)) = o
-                    .proofs
-                    .iter()
-                    .rev()
-                    .find(|(_, q)| q.member == p.member)
+                if let Some((first_seq, _)) =
+                    o.proofs.iter().rev().find(|(_, q)| q.member == p.member)
                 {
                     if !o.retried.iter().any(|r| r > first_seq) {
                         return Err(TransitionError::DuplicateProof {
@@ -784,7 +803,7 @@ impl Fold {
             }
         }
         if let Some(first_seq) = o.last_record_of(step) {
-            if o.has_effect(step) {
+            if !o.may_record(step) {
                 return Err(TransitionError::DuplicateEffect {
                     op: o.id,
                     step: step.clone(),

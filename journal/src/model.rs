@@ -877,8 +877,17 @@ mod tests {
     fn operation_ids_have_exactly_one_spelling() {
         let id = OperationId::new_v4();
         assert_eq!(id.to_string().parse::<OperationId>().unwrap(), id);
-        assert!(id.to_string().to_uppercase().parse::<OperationId>().is_err());
-        assert!(id.as_uuid().simple().to_string().parse::<OperationId>().is_err());
+        assert!(id
+            .to_string()
+            .to_uppercase()
+            .parse::<OperationId>()
+            .is_err());
+        assert!(id
+            .as_uuid()
+            .simple()
+            .to_string()
+            .parse::<OperationId>()
+            .is_err());
         assert!(format!("{{{id}}}").parse::<OperationId>().is_err());
     }
 
@@ -911,7 +920,14 @@ mod tests {
         ] {
             assert_eq!(s.parse::<Step>().unwrap().to_string(), s);
         }
-        for bad in ["", "proof/", "retire/a/b", "proof/a b", "Template", "delete"] {
+        for bad in [
+            "",
+            "proof/",
+            "retire/a/b",
+            "proof/a b",
+            "Template",
+            "delete",
+        ] {
             assert!(bad.parse::<Step>().is_err(), "{bad}");
         }
     }

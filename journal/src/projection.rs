@@ -52,7 +52,13 @@ impl CurrentOperation {
             }
             _ => String::new(),
         };
-        let summary = summary(intent.kind, phase, intent.from, intent.to, member.as_deref());
+        let summary = summary(
+            intent.kind,
+            phase,
+            intent.from,
+            intent.to,
+            member.as_deref(),
+        );
         CurrentOperation {
             id: op.id(),
             kind: intent.kind,

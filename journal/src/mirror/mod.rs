@@ -1,0 +1,698 @@
+//! The local mirror: a sled database at `--journal-dir` holding every entry this replica has
+//! seen, including those compacted out of the annotation. A rebuildable cache and an audit
+//! archive, never the authority.
+//!
+//! Layout (format `celld-journal-mirror/v1`):
+//! - default tree, key `celld-journal-format`: the format marker. A directory without it is not
+//!   opened (it is someone else's data, or not a sled database at all);
+//! - tree `fleet/<fleet UID>`: key = seq as 8 big-endian bytes, value = the entry's canonical
+//!   JSON exactly as in the annotation (hash included);
+//! - tree `diverged`: key = fleet UID, a zero byte, seq (8 bytes BE), a unique id (8 bytes BE);
+//!   value = `{"entry":<entry JSON>,"reason":"Diverged"|"Rollback"}`.
+//!
+//! Every write ends with a flush: the operator must not issue an effect before the entry that
+//! decided it is durable here too. Retention keeps the newest `retention` seqs of each fleet
+//! (entries with seq > head − retention).
+//!
+//! sled takes an exclusive lock on the directory: while the operator runs, the audit commands
+//! cannot open its mirror ([`MirrorError::Locked`]); copy the directory or stop the replica.
+
+pub mod plan;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use crate::chain;
+use crate::codec::{decode_entry, DecodeError, Document};
+use crate::model::{Entry, Hash, Seq};
+use plan::{plan_reconcile, DivergeReason, MirrorAction, ReconcilePlan};
+
+/// Default number of entries kept per fleet.
+pub const DEFAULT_RETENTION: u64 = 10_000;
+
+const MARKER_KEY: &[u8] = b"celld-journal-format";
+const MARKER_VALUE: &[u8] = b"celld-journal-mirror/v1";
+const FLEET_TREE_PREFIX: &str = "fleet/";
+const DIVERGED_TREE: &str = "diverged";
+const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
+
+/// Mirror settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MirrorOptions {
+    /// Entries kept per fleet (at least 1).
+    pub retention: u64,
+}
+
+impl Default for MirrorOptions {
+    fn default() -> Self {
+        MirrorOptions {
+            retention: DEFAULT_RETENTION,
+        }
+    }
+}
+
+/// A mirror failure.
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    /// A filesystem error around the directory.
+    #[error("journal mirror {path}: {source}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The path exists and is not a directory.
+    #[error("journal mirror {path} is not a directory")]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The directory holds files that are not a sled database.
+    #[error("journal mirror {path} is not empty and is not a journal mirror (found {found}); refusing to write into it")]
+    ForeignDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// Some of what is there.
+        found: String,
+    },
+    /// A sled database without this crate's marker.
+    #[error("journal mirror {path} is a sled database but not a celld journal mirror (no format marker); refusing to use it")]
+    NotAMirror {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// A mirror of another format version.
+    #[error(
+        "journal mirror {path} has format {found:?}, this operator reads celld-journal-mirror/v1"
+    )]
+    UnsupportedFormat {
+        /// The directory.
+        path: PathBuf,
+        /// The marker found.
+        found: String,
+    },
+    /// Another process holds the database.
+    #[error("journal mirror {path} is in use by another process (sled holds an exclusive lock); stop it or copy the directory")]
+    Locked {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The database files are damaged.
+    #[error("journal mirror {path} is corrupt: {message}; move it aside and rebuild it from the annotations")]
+    Corrupt {
+        /// The directory.
+        path: PathBuf,
+        /// sled's message.
+        message: String,
+    },
+    /// A sled operation failed.
+    #[error("journal mirror: {0}")]
+    Sled(String),
+    /// A stored value is not a valid entry.
+    #[error("journal mirror: fleet {fleet} entry at seq {seq} is unreadable: {error}")]
+    CorruptEntry {
+        /// The fleet.
+        fleet: String,
+        /// The key's seq.
+        seq: Seq,
+        /// The decode error.
+        error: DecodeError,
+    },
+    /// An append does not continue the mirror's chain; reconcile with the annotation instead.
+    #[error("journal mirror: fleet {fleet} entry {seq} does not continue the mirror (newest is {head_seq}); reconcile the mirror with the annotation")]
+    OutOfSync {
+        /// The fleet.
+        fleet: String,
+        /// The entry's seq.
+        seq: Seq,
+        /// The mirror's newest seq.
+        head_seq: Seq,
+    },
+    /// A fleet UID that cannot name a tree.
+    #[error("journal mirror: invalid fleet UID {0:?}")]
+    InvalidFleetUid(String),
+    /// A document to rebuild from does not verify.
+    #[error("journal mirror: the annotation of fleet {fleet} does not verify: {error}")]
+    InvalidDocument {
+        /// The fleet.
+        fleet: String,
+        /// The chain error.
+        error: chain::ChainError,
+    },
+}
+
+impl From<sled::Error> for MirrorError {
+    fn from(e: sled::Error) -> Self {
+        MirrorError::Sled(e.to_string())
+    }
+}
+
+/// An entry kept aside in the `diverged` tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DivergedEntry {
+    /// Why it was moved.
+    pub reason: DivergeReason,
+    /// The entry.
+    pub entry: Entry,
+}
+
+/// The result of [`Mirror::rebuild`].
+#[derive(Debug)]
+pub struct Rebuilt {
+    /// The fresh mirror.
+    pub mirror: Mirror,
+    /// Where the previous directory was moved, if there was one.
+    pub set_aside: Option<PathBuf>,
+    /// Entries written.
+    pub entries: usize,
+}
+
+/// The sled mirror.
+#[derive(Debug)]
+pub struct Mirror {
+    db: sled::Db,
+    diverged: sled::Tree,
+    retention: u64,
+    path: Option<PathBuf>,
+}
+
+fn seq_key(seq: Seq) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+fn key_seq(key: &[u8]) -> Option<Seq> {
+    Some(Seq::from_be_bytes(key.try_into().ok()?))
+}
+
+fn validate_fleet_uid(fleet: &str) -> Result<(), MirrorError> {
+    if fleet.is_empty() || fleet.len() > 253 || fleet.chars().any(|c| c.is_control()) {
+        return Err(MirrorError::InvalidFleetUid(fleet.to_owned()));
+    }
+    Ok(())
+}
+
+impl Mirror {
+    /// Opens the mirror at `path`, creating it when the directory is absent or empty.
+    ///
+    /// A new mirror is created in a sibling directory with its format marker and renamed into
+    /// place, so a mirror without the marker is never one of ours. Refuses a path that is a
+    /// file, a non-empty directory that is not a sled database, a sled database without the
+    /// marker, another format version, a database locked by another process, and damaged
+    /// files — each with its own [`MirrorError`].
+    pub fn open(path: impl AsRef<Path>, options: MirrorOptions) -> Result<Mirror, MirrorError> {
+        Self::open_inner(path.as_ref(), options, true)
+    }
+
+    /// Opens an existing mirror without creating one (for the audit commands).
+    pub fn open_existing(path: impl AsRef<Path>) -> Result<Mirror, MirrorError> {
+        Self::open_inner(path.as_ref(), MirrorOptions::default(), false)
+    }
+
+    fn open_inner(
+        path: &Path,
+        options: MirrorOptions,
+        create: bool,
+    ) -> Result<Mirror, MirrorError> {
+        let io = |source| MirrorError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let empty = if path.exists() {
+            if !path.is_dir() {
+                return Err(MirrorError::NotADirectory {
+                    path: path.to_owned(),
+                });
+            }
+            let names: Vec<String> = std::fs::read_dir(path)
+                .map_err(io)?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            let looks_like_sled = path.join("conf").is_file() && path.join("db").is_file();
+            if !names.is_empty() && !looks_like_sled {
+                let mut shown: Vec<String> = names.into_iter().take(5).collect();
+                shown.sort();
+                return Err(MirrorError::ForeignDirectory {
+                    path: path.to_owned(),
+                    found: shown.join(", "),
+                });
+            }
+            names.is_empty()
+        } else {
+            true
+        };
+        if empty {
+            if !create {
+                return Err(io(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no journal mirror here",
+                )));
+            }
+            Self::create_atomically(path)?;
+        }
+        let db = Self::open_sled(path)?;
+        match db.get(MARKER_KEY)? {
+            Some(v) if v.as_ref() == MARKER_VALUE => {}
+            Some(v) => {
+                return Err(MirrorError::UnsupportedFormat {
+                    path: path.to_owned(),
+                    found: String::from_utf8_lossy(&v).into_owned(),
+                })
+            }
+            // Mirrors are created complete (see `create_atomically`), so a database without
+            // the marker was never one of ours — or was damaged so badly that sled recovered it
+            // to nothing. Either way it is not silently taken over.
+            None if db.is_empty()
+                && db
+                    .tree_names()
+                    .iter()
+                    .all(|n| n.as_ref() == SLED_DEFAULT_TREE) =>
+            {
+                return Err(MirrorError::Corrupt {
+                    path: path.to_owned(),
+                    message: "the database holds nothing, not even the format marker".to_owned(),
+                })
+            }
+            None => {
+                return Err(MirrorError::NotAMirror {
+                    path: path.to_owned(),
+                })
+            }
+        }
+        Self::from_db(db, options, Some(path.to_owned()))
+    }
+
+    /// Creates a mirror with its marker in a sibling directory and renames it into place, so a
+    /// crash never leaves a half-created mirror at `path`.
+    fn create_atomically(path: &Path) -> Result<(), MirrorError> {
+        let io = |source| MirrorError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "journal".to_owned());
+        let parent = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(parent).map_err(io)?;
+        let staging = parent.join(format!(".{name}.creating-{}", std::process::id()));
+        if staging.exists() {
+            std::fs::remove_dir_all(&staging).map_err(io)?;
+        }
+        {
+            let db = Self::open_sled(&staging)?;
+            db.insert(MARKER_KEY, MARKER_VALUE)?;
+            db.flush()?;
+        }
+        // rename(2) replaces an empty directory, so an existing empty `path` is fine too.
+        std::fs::rename(&staging, path).map_err(io)
+    }
+
+    fn open_sled(path: &Path) -> Result<sled::Db, MirrorError> {
+        let config = sled::Config::new().path(path);
+        // sled 0.34 can panic instead of erroring on some damaged files.
+        match catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Ok(db)) => Ok(db),
+            Ok(Err(e)) => {
+                let message = e.to_string();
+                if message.contains("could not acquire lock") {
+                    Err(MirrorError::Locked {
+                        path: path.to_owned(),
+                    })
+                } else {
+                    Err(MirrorError::Corrupt {
+                        path: path.to_owned(),
+                        message,
+                    })
+                }
+            }
+            Err(panic) => Err(MirrorError::Corrupt {
+                path: path.to_owned(),
+                message: panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "sled panicked while opening".to_owned()),
+            }),
+        }
+    }
+
+    /// A mirror in a temporary location that disappears when dropped (tests, benchmarks).
+    pub fn temporary(options: MirrorOptions) -> Result<Mirror, MirrorError> {
+        let db = sled::Config::new().temporary(true).open()?;
+        db.insert(MARKER_KEY, MARKER_VALUE)?;
+        Self::from_db(db, options, None)
+    }
+
+    fn from_db(
+        db: sled::Db,
+        options: MirrorOptions,
+        path: Option<PathBuf>,
+    ) -> Result<Mirror, MirrorError> {
+        let diverged = db.open_tree(DIVERGED_TREE)?;
+        Ok(Mirror {
+            db,
+            diverged,
+            retention: options.retention.max(1),
+            path,
+        })
+    }
+
+    /// The directory, unless temporary.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    fn tree(&self, fleet: &str) -> Result<sled::Tree, MirrorError> {
+        validate_fleet_uid(fleet)?;
+        Ok(self.db.open_tree(format!("{FLEET_TREE_PREFIX}{fleet}"))?)
+    }
+
+    fn has_tree(&self, fleet: &str) -> bool {
+        let name = format!("{FLEET_TREE_PREFIX}{fleet}");
+        self.db
+            .tree_names()
+            .iter()
+            .any(|n| n.as_ref() == name.as_bytes())
+    }
+
+    /// Fleet UIDs that have a tree, sorted.
+    pub fn fleets(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .db
+            .tree_names()
+            .iter()
+            .filter_map(|n| {
+                std::str::from_utf8(n)
+                    .ok()?
+                    .strip_prefix(FLEET_TREE_PREFIX)
+                    .map(str::to_owned)
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn decode(fleet: &str, key: &[u8], value: &[u8]) -> Result<Entry, MirrorError> {
+        let seq = key_seq(key).unwrap_or(0);
+        let text = std::str::from_utf8(value).map_err(|e| MirrorError::CorruptEntry {
+            fleet: fleet.to_owned(),
+            seq,
+            error: DecodeError::Syntax {
+                message: e.to_string(),
+            },
+        })?;
+        let entry = decode_entry(text).map_err(|error| MirrorError::CorruptEntry {
+            fleet: fleet.to_owned(),
+            seq,
+            error,
+        })?;
+        if entry.seq() != seq {
+            return Err(MirrorError::CorruptEntry {
+                fleet: fleet.to_owned(),
+                seq,
+                error: DecodeError::InvalidValue {
+                    path: "seq".to_owned(),
+                    problem: format!("stored under key {seq} but says {}", entry.seq()),
+                },
+            });
+        }
+        Ok(entry)
+    }
+
+    /// The newest entry's seq and hash.
+    pub fn head(&self, fleet: &str) -> Result<Option<(Seq, Hash)>, MirrorError> {
+        if !self.has_tree(fleet) {
+            return Ok(None);
+        }
+        match self.tree(fleet)?.last()? {
+            None => Ok(None),
+            Some((k, v)) => {
+                let e = Self::decode(fleet, &k, &v)?;
+                Ok(Some((e.seq(), e.hash())))
+            }
+        }
+    }
+
+    /// Every entry of `fleet`, oldest first.
+    pub fn entries(&self, fleet: &str) -> Result<Vec<Entry>, MirrorError> {
+        self.entries_from(fleet, 0)
+    }
+
+    /// Entries of `fleet` with seq ≥ `from`, oldest first.
+    pub fn entries_from(&self, fleet: &str, from: Seq) -> Result<Vec<Entry>, MirrorError> {
+        if !self.has_tree(fleet) {
+            return Ok(Vec::new());
+        }
+        self.tree(fleet)?
+            .range(seq_key(from)..)
+            .map(|kv| {
+                let (k, v) = kv?;
+                Self::decode(fleet, &k, &v)
+            })
+            .collect()
+    }
+
+    /// Appends sealed entries of `fleet` (each must continue the mirror's newest entry; an entry
+    /// already held with the same hash is skipped, so repeating an append is harmless), applies
+    /// retention, and flushes.
+    pub fn append(&self, fleet: &str, entries: &[Entry]) -> Result<(), MirrorError> {
+        let tree = self.tree(fleet)?;
+        let mut head = match tree.last()? {
+            None => None,
+            Some((k, v)) => {
+                let e = Self::decode(fleet, &k, &v)?;
+                Some((e.seq(), e.hash()))
+            }
+        };
+        for e in entries {
+            match head {
+                Some((hs, hh)) if e.seq() == hs + 1 && e.prev() == hh => {}
+                Some((hs, _)) if e.seq() <= hs => {
+                    let same = match tree.get(seq_key(e.seq()))? {
+                        Some(v) => v.as_ref() == e.to_json().as_bytes(),
+                        None => false,
+                    };
+                    if same {
+                        continue;
+                    }
+                    return Err(MirrorError::OutOfSync {
+                        fleet: fleet.to_owned(),
+                        seq: e.seq(),
+                        head_seq: hs,
+                    });
+                }
+                Some((hs, _)) => {
+                    return Err(MirrorError::OutOfSync {
+                        fleet: fleet.to_owned(),
+                        seq: e.seq(),
+                        head_seq: hs,
+                    })
+                }
+                None => {}
+            }
+            tree.insert(seq_key(e.seq()), e.to_json().as_bytes())?;
+            head = Some((e.seq(), e.hash()));
+        }
+        if let Some((hs, _)) = head {
+            self.apply_retention(&tree, hs)?;
+        }
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Mirrors a committed append: appends `entry`, or — when the mirror does not continue to
+    /// it (an earlier append's response was lost, or the process stopped before mirroring) —
+    /// reconciles with `document`, the annotation just written, which backfills. Returns the
+    /// plan when a reconcile was needed (publish its signals).
+    pub fn record(
+        &self,
+        document: &Document,
+        entry: &Entry,
+    ) -> Result<Option<ReconcilePlan>, MirrorError> {
+        match self.append(document.fleet_uid(), std::slice::from_ref(entry)) {
+            Ok(()) => Ok(None),
+            Err(MirrorError::OutOfSync { .. }) => self.reconcile(document).map(Some),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn apply_retention(&self, tree: &sled::Tree, head_seq: Seq) -> Result<(), MirrorError> {
+        if head_seq <= self.retention {
+            return Ok(());
+        }
+        let floor = head_seq - self.retention + 1;
+        let old: Vec<sled::IVec> = tree
+            .range(..seq_key(floor))
+            .keys()
+            .collect::<Result<_, _>>()?;
+        for k in old {
+            tree.remove(k)?;
+        }
+        Ok(())
+    }
+
+    /// Plans ([`plan_reconcile`]) and applies the reconcile of `fleet`'s mirror with its
+    /// annotation; returns the plan (its `signals` are the Events to publish). Call on start and
+    /// on gaining the lease, before driving any operation.
+    pub fn reconcile(&self, annotation: &Document) -> Result<ReconcilePlan, MirrorError> {
+        let fleet = annotation.fleet_uid();
+        let from = annotation.compacted_through();
+        let held: Vec<(Seq, Hash)> = self
+            .entries_from(fleet, from)?
+            .iter()
+            .map(|e| (e.seq(), e.hash()))
+            .collect();
+        let plan = plan_reconcile(&held, annotation);
+        self.apply(fleet, &plan)?;
+        Ok(plan)
+    }
+
+    /// Applies a plan to `fleet`'s tree and flushes.
+    pub fn apply(&self, fleet: &str, plan: &ReconcilePlan) -> Result<(), MirrorError> {
+        if plan.actions.is_empty() {
+            return Ok(());
+        }
+        let tree = self.tree(fleet)?;
+        for action in &plan.actions {
+            match action {
+                MirrorAction::MoveToDiverged {
+                    from,
+                    through,
+                    reason,
+                } => {
+                    let moved: Vec<(sled::IVec, sled::IVec)> = tree
+                        .range(seq_key(*from)..=seq_key(*through))
+                        .collect::<Result<_, _>>()?;
+                    for (k, v) in moved {
+                        let seq = key_seq(&k).unwrap_or(0);
+                        let mut key = Vec::with_capacity(fleet.len() + 17);
+                        key.extend_from_slice(fleet.as_bytes());
+                        key.push(0);
+                        key.extend_from_slice(&seq.to_be_bytes());
+                        key.extend_from_slice(&self.db.generate_id()?.to_be_bytes());
+                        let mut value = Vec::with_capacity(v.len() + 32);
+                        value.extend_from_slice(b"{\"entry\":");
+                        value.extend_from_slice(&v);
+                        value.extend_from_slice(
+                            format!(",\"reason\":\"{}\"}}", reason.as_str()).as_bytes(),
+                        );
+                        // Keep aside first, then remove: a crash in between duplicates, never loses.
+                        self.diverged.insert(key, value)?;
+                        tree.remove(&k)?;
+                    }
+                }
+                MirrorAction::Write(e) => {
+                    tree.insert(seq_key(e.seq()), e.to_json().as_bytes())?;
+                }
+            }
+        }
+        if let Some((k, _)) = tree.last()? {
+            if let Some(hs) = key_seq(&k) {
+                self.apply_retention(&tree, hs)?;
+            }
+        }
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Entries of `fleet` kept aside in the `diverged` tree, by seq.
+    pub fn diverged(&self, fleet: &str) -> Result<Vec<DivergedEntry>, MirrorError> {
+        validate_fleet_uid(fleet)?;
+        let mut prefix = fleet.as_bytes().to_vec();
+        prefix.push(0);
+        let mut out = Vec::new();
+        for kv in self.diverged.scan_prefix(&prefix) {
+            let (k, v) = kv?;
+            let seq = key_seq(&k[prefix.len()..prefix.len() + 8]).unwrap_or(0);
+            let corrupt = |problem: &str| MirrorError::CorruptEntry {
+                fleet: fleet.to_owned(),
+                seq,
+                error: DecodeError::InvalidValue {
+                    path: "diverged".to_owned(),
+                    problem: problem.to_owned(),
+                },
+            };
+            let text = std::str::from_utf8(&v).map_err(|_| corrupt("not UTF-8"))?;
+            let (entry_text, reason) =
+                if let Some(t) = text.strip_suffix(",\"reason\":\"Diverged\"}") {
+                    (t, DivergeReason::Diverged)
+                } else if let Some(t) = text.strip_suffix(",\"reason\":\"Rollback\"}") {
+                    (t, DivergeReason::Rollback)
+                } else {
+                    return Err(corrupt("no reason"));
+                };
+            let entry_text = entry_text
+                .strip_prefix("{\"entry\":")
+                .ok_or_else(|| corrupt("no entry"))?;
+            let entry = Self::decode(fleet, &seq.to_be_bytes(), entry_text.as_bytes())?;
+            out.push(DivergedEntry { reason, entry });
+        }
+        Ok(out)
+    }
+
+    /// Flushes to disk.
+    pub fn flush(&self) -> Result<(), MirrorError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Rebuilds a mirror at `path` from annotation documents (each must verify). An existing
+    /// non-empty directory (e.g. a corrupt mirror) is first renamed to
+    /// `<path>.set-aside-<unix seconds>` and kept.
+    pub fn rebuild(
+        path: impl AsRef<Path>,
+        documents: &[Document],
+        options: MirrorOptions,
+    ) -> Result<Rebuilt, MirrorError> {
+        let path = path.as_ref();
+        for doc in documents {
+            chain::verify(doc).map_err(|error| MirrorError::InvalidDocument {
+                fleet: doc.fleet_uid().to_owned(),
+                error,
+            })?;
+            validate_fleet_uid(doc.fleet_uid())?;
+        }
+        let mut set_aside = None;
+        let non_empty = path.is_dir()
+            && std::fs::read_dir(path)
+                .map_err(|source| MirrorError::Io {
+                    path: path.to_owned(),
+                    source,
+                })?
+                .next()
+                .is_some();
+        if non_empty || (path.exists() && !path.is_dir()) {
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let mut aside = path.as_os_str().to_owned();
+            aside.push(format!(".set-aside-{stamp}"));
+            let aside = PathBuf::from(aside);
+            std::fs::rename(path, &aside).map_err(|source| MirrorError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+            set_aside = Some(aside);
+        }
+        let mirror = Mirror::open(path, options)?;
+        let mut entries = 0;
+        for doc in documents {
+            let tree = mirror.tree(doc.fleet_uid())?;
+            for e in doc.entries() {
+                tree.insert(seq_key(e.seq()), e.to_json().as_bytes())?;
+                entries += 1;
+            }
+            if let Some(last) = doc.entries().last() {
+                mirror.apply_retention(&tree, last.seq())?;
+            }
+        }
+        mirror.flush()?;
+        Ok(Rebuilt {
+            mirror,
+            set_aside,
+            entries,
+        })
+    }
+}

@@ -1,0 +1,505 @@
+//! The sled mirror and its reconcile with the annotation.
+mod common;
+
+use common::*;
+use journal::*;
+
+/// A journal with `n` finished Scale operations (4 entries each).
+fn history(n: u64) -> Writer {
+    let mut w = Writer::new();
+    for i in 1..=n {
+        w.scale(op(i), 1, 2);
+    }
+    w
+}
+
+fn hashes(entries: &[Entry]) -> Vec<(Seq, Hash)> {
+    entries.iter().map(|e| (e.seq(), e.hash())).collect()
+}
+
+// ---- opening ----
+
+#[test]
+fn a_missing_directory_becomes_a_new_mirror_that_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let w = history(2);
+    {
+        let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+        m.append(FLEET, w.journal.entries()).unwrap();
+    }
+    let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+    assert_eq!(m.fleets(), vec![FLEET.to_owned()]);
+    assert_eq!(&m.entries(FLEET).unwrap(), w.journal.entries());
+    assert_eq!(m.path(), Some(path.as_path()));
+}
+
+#[test]
+fn an_empty_directory_becomes_a_new_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    let siblings: Vec<_> = std::fs::read_dir(dir.path().parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".creating-"))
+        .collect();
+    assert!(
+        siblings.is_empty(),
+        "the staging directory was renamed into place"
+    );
+}
+
+#[test]
+fn an_empty_sled_database_without_the_marker_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(sled::open(dir.path()).unwrap());
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(matches!(e, MirrorError::Corrupt { .. }), "{e}");
+}
+
+#[test]
+fn a_directory_of_other_files_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "hello").unwrap();
+    std::fs::write(dir.path().join("random.bin"), [7u8; 64]).unwrap();
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(matches!(e, MirrorError::ForeignDirectory { .. }), "{e}");
+    assert!(e.to_string().contains("notes.txt"), "{e}");
+    assert!(
+        !dir.path().join("db").exists(),
+        "nothing was written into the directory"
+    );
+}
+
+#[test]
+fn a_sled_database_without_the_marker_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        db.insert("someone", "else's data").unwrap();
+        db.flush().unwrap();
+    }
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(matches!(e, MirrorError::NotAMirror { .. }), "{e}");
+}
+
+#[test]
+fn a_mirror_of_another_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        db.insert("celld-journal-format", "celld-journal-mirror/v9")
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, MirrorError::UnsupportedFormat { found, .. } if found == "celld-journal-mirror/v9"),
+        "{e}"
+    );
+}
+
+#[test]
+fn damaged_database_files_are_reported_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("conf"),
+        b"\xff\x00garbage that is not a sled config",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("db"), vec![0xA5u8; 4096]).unwrap();
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MirrorError::Corrupt { .. } | MirrorError::NotAMirror { .. }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_scrambled_database_is_not_silently_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+        m.append(FLEET, history(3).journal.entries()).unwrap();
+    }
+    let db = dir.path().join("db");
+    let mut bytes = std::fs::read(&db).unwrap();
+    for b in bytes.iter_mut().skip(64) {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&db, &bytes).unwrap();
+    // sled recovers such a file to an empty database; without the marker it is refused
+    // instead of becoming an empty mirror that lost its archive.
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(matches!(e, MirrorError::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("rebuild"), "{e}");
+}
+
+#[test]
+fn a_file_is_not_a_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("journal");
+    std::fs::write(&file, "x").unwrap();
+    assert!(matches!(
+        Mirror::open(&file, MirrorOptions::default()).unwrap_err(),
+        MirrorError::NotADirectory { .. }
+    ));
+}
+
+#[test]
+fn a_mirror_in_use_is_reported_as_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let _held = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    let e = Mirror::open_existing(dir.path()).unwrap_err();
+    assert!(matches!(e, MirrorError::Locked { .. }), "{e}");
+}
+
+#[test]
+fn the_audit_does_not_create_a_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(Mirror::open_existing(dir.path().join("absent")).is_err());
+    assert!(
+        Mirror::open_existing(dir.path()).is_err(),
+        "empty directory"
+    );
+}
+
+// ---- appending ----
+
+#[test]
+fn appending_continues_the_chain_and_is_idempotent() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let w = history(2);
+    let entries = w.journal.entries();
+    m.append(FLEET, &entries[..3]).unwrap();
+    m.append(FLEET, &entries[..5]).unwrap();
+    m.append(FLEET, entries).unwrap();
+    assert_eq!(&m.entries(FLEET).unwrap(), entries);
+    let last = entries.last().unwrap();
+    assert_eq!(m.head(FLEET).unwrap(), Some((last.seq(), last.hash())));
+}
+
+#[test]
+fn an_append_that_skips_entries_is_out_of_sync() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let w = history(2);
+    m.append(FLEET, &w.journal.entries()[..2]).unwrap();
+    let e = m.append(FLEET, &w.journal.entries()[4..5]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MirrorError::OutOfSync {
+                seq: 5,
+                head_seq: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_append_that_contradicts_the_mirror_is_out_of_sync() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let a = history(1);
+    let mut b = Writer::new();
+    b.scale(op(50), 5, 6);
+    m.append(FLEET, a.journal.entries()).unwrap();
+    assert!(matches!(
+        m.append(FLEET, &b.journal.entries()[..1]).unwrap_err(),
+        MirrorError::OutOfSync { .. }
+    ));
+}
+
+#[test]
+fn retention_keeps_the_newest_entries_per_fleet() {
+    let m = Mirror::temporary(MirrorOptions { retention: 10 }).unwrap();
+    let w = history(6);
+    for e in w.journal.entries() {
+        m.append(FLEET, std::slice::from_ref(e)).unwrap();
+    }
+    let kept = m.entries(FLEET).unwrap();
+    assert_eq!(kept.len(), 10);
+    assert_eq!(kept.first().unwrap().seq(), 15);
+    assert_eq!(kept.last().unwrap().seq(), 24);
+}
+
+#[test]
+fn fleets_are_kept_apart() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let w = history(1);
+    m.append(FLEET, w.journal.entries()).unwrap();
+    m.append("other-fleet", w.journal.entries()).unwrap();
+    assert_eq!(m.fleets().len(), 2);
+    assert!(m.entries("third").unwrap().is_empty());
+    assert!(matches!(
+        m.append("", w.journal.entries()).unwrap_err(),
+        MirrorError::InvalidFleetUid(_)
+    ));
+}
+
+// ---- reconcile (pure plan) ----
+
+#[test]
+fn a_mirror_missing_entries_is_backfilled() {
+    let w = history(2);
+    let doc = w.journal.document();
+    let plan = plan_reconcile(&hashes(&doc.entries()[..3]), doc);
+    assert!(plan.signals.is_empty());
+    assert_eq!(plan.writes(), 5);
+    assert_eq!(
+        plan.actions,
+        doc.entries()[3..]
+            .iter()
+            .cloned()
+            .map(MirrorAction::Write)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_mirror_in_sync_needs_nothing() {
+    let w = history(2);
+    let doc = w.journal.document();
+    assert!(plan_reconcile(&hashes(doc.entries()), doc).is_empty());
+}
+
+#[test]
+fn a_different_hash_at_the_same_seq_diverges_and_the_annotation_wins() {
+    let ours = history(1);
+    let mut theirs = history(1);
+    theirs.scale(op(2), 2, 3);
+    let mut mine = ours.clone_for_test();
+    mine.scale(op(3), 2, 1);
+    let plan = plan_reconcile(&hashes(mine.journal.entries()), theirs.journal.document());
+    assert_eq!(plan.signals, vec![Signal::JournalDiverged { first_seq: 5 }]);
+    assert_eq!(
+        plan.actions[0],
+        MirrorAction::MoveToDiverged {
+            from: 5,
+            through: 8,
+            reason: DivergeReason::Diverged
+        }
+    );
+    assert_eq!(plan.writes(), 4);
+    assert_eq!(plan.signals[0].event_reason(), "JournalDiverged");
+}
+
+#[test]
+fn a_mirror_ahead_of_the_annotation_is_a_rollback() {
+    let w = history(3);
+    let full = w.journal.entries().to_vec();
+    let old = Writer {
+        journal: Journal::load(
+            Some(&document_text(FLEET, (0, Hash::ZERO), &full[..8])),
+            FLEET,
+        )
+        .unwrap(),
+        budget: Budget::default(),
+        minute: 0,
+    };
+    let plan = plan_reconcile(&hashes(&full), old.journal.document());
+    assert_eq!(
+        plan.signals,
+        vec![Signal::JournalRollback {
+            annotation_seq: 8,
+            mirror_seq: 12
+        }]
+    );
+    assert_eq!(
+        plan.actions,
+        vec![MirrorAction::MoveToDiverged {
+            from: 9,
+            through: 12,
+            reason: DivergeReason::Rollback
+        }]
+    );
+    assert!(plan.signals[0].message().contains("Recovered"));
+}
+
+#[test]
+fn an_absent_annotation_rolls_the_whole_mirror_back() {
+    let w = history(1);
+    let plan = plan_reconcile(&hashes(w.journal.entries()), &Document::empty(FLEET));
+    assert_eq!(
+        plan.actions,
+        vec![MirrorAction::MoveToDiverged {
+            from: 1,
+            through: 4,
+            reason: DivergeReason::Rollback
+        }]
+    );
+}
+
+#[test]
+fn a_mismatch_at_the_compaction_boundary_sets_the_old_history_aside() {
+    let mut w = Writer::with_budget(Budget::new(16 * 1024).unwrap());
+    for n in 1..=20 {
+        w.scale(op(n), 1, 2);
+    }
+    let doc = w.journal.document();
+    let ct = doc.compacted_through();
+    assert!(ct > 0);
+    let mut other = Writer::new();
+    for n in 100..=120 {
+        other.scale(op(n), 1, 2);
+    }
+    let mirror: Vec<(Seq, Hash)> = hashes(&other.journal.entries()[..ct as usize]);
+    let plan = plan_reconcile(&mirror, doc);
+    assert_eq!(
+        plan.signals,
+        vec![Signal::JournalDiverged { first_seq: ct }]
+    );
+    assert_eq!(
+        plan.actions[0],
+        MirrorAction::MoveToDiverged {
+            from: 1,
+            through: ct,
+            reason: DivergeReason::Diverged
+        }
+    );
+}
+
+#[test]
+fn entries_compacted_out_of_the_annotation_stay_in_the_mirror() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let mut w = Writer::with_budget(Budget::new(16 * 1024).unwrap());
+    for n in 1..=20 {
+        for body in [
+            intent_body(OperationKind::Scale, 1, 2),
+            issued(op(n), "replicas"),
+            observed(),
+            completed(CompletedOutcome::Succeeded),
+        ] {
+            let e = w.push(op(n), body);
+            m.append(FLEET, &[e]).unwrap();
+        }
+    }
+    assert!(w.journal.document().compacted_through() > 0);
+    let plan = m.reconcile(w.journal.document()).unwrap();
+    assert!(plan.is_empty(), "{plan:?}");
+    assert_eq!(m.entries(FLEET).unwrap().len(), 80);
+    chain::verify_entries(&m.entries(FLEET).unwrap(), Some((0, Hash::ZERO))).unwrap();
+}
+
+// ---- reconcile (sled) ----
+
+#[test]
+fn reconcile_applies_backfill_divergence_and_rollback() {
+    let m = Mirror::temporary(MirrorOptions::default()).unwrap();
+    let base = history(1);
+    let mut mine = base.clone_for_test();
+    mine.scale(op(2), 2, 3);
+    mine.scale(op(3), 3, 4);
+    m.append(FLEET, mine.journal.entries()).unwrap();
+    // The annotation went another way after entry 4 and is shorter.
+    let mut theirs = base.clone_for_test();
+    theirs.push(op(9), intent_body(OperationKind::Restart, 2, 2));
+    theirs.push(op(9), issued(op(9), "template"));
+    let plan = m.reconcile(theirs.journal.document()).unwrap();
+    assert_eq!(
+        plan.signals,
+        vec![
+            Signal::JournalDiverged { first_seq: 5 },
+            Signal::JournalRollback {
+                annotation_seq: 6,
+                mirror_seq: 12
+            }
+        ]
+    );
+    assert_eq!(&m.entries(FLEET).unwrap(), theirs.journal.entries());
+    let aside = m.diverged(FLEET).unwrap();
+    assert_eq!(aside.len(), 8);
+    assert_eq!(
+        aside.iter().map(|d| d.entry.seq()).collect::<Vec<_>>(),
+        (5..=12).collect::<Vec<_>>()
+    );
+    assert!(aside.iter().all(|d| d.reason == DivergeReason::Diverged));
+    assert_eq!(&aside[0].entry, &mine.journal.entries()[4]);
+    // Reconciling again changes nothing.
+    assert!(m.reconcile(theirs.journal.document()).unwrap().is_empty());
+}
+
+#[test]
+fn a_rebuilt_mirror_holds_the_annotations() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("garbage"), "x").unwrap();
+    let a = history(2);
+    let b = {
+        let mut w = Writer {
+            journal: Journal::new("fleet-b"),
+            budget: Budget::default(),
+            minute: 0,
+        };
+        w.scale(op(7), 0, 1);
+        w
+    };
+    let rebuilt = Mirror::rebuild(
+        &path,
+        &[a.journal.document().clone(), b.journal.document().clone()],
+        MirrorOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(rebuilt.entries, 12);
+    let aside = rebuilt.set_aside.clone().unwrap();
+    assert!(aside.join("garbage").exists(), "the old directory is kept");
+    assert_eq!(&rebuilt.mirror.entries(FLEET).unwrap(), a.journal.entries());
+    assert_eq!(
+        &rebuilt.mirror.entries("fleet-b").unwrap(),
+        b.journal.entries()
+    );
+}
+
+#[test]
+fn a_rebuild_refuses_a_document_that_does_not_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = history(1);
+    let tampered = w
+        .journal
+        .document()
+        .encode()
+        .replacen("\"to\":2", "\"to\":3", 1);
+    let doc = decode_document(&tampered).unwrap();
+    assert!(matches!(
+        Mirror::rebuild(dir.path().join("m"), &[doc], MirrorOptions::default()).unwrap_err(),
+        MirrorError::InvalidDocument { .. }
+    ));
+}
+
+#[test]
+fn a_corrupt_stored_entry_is_reported_with_its_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = history(1);
+    {
+        let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+        m.append(FLEET, w.journal.entries()).unwrap();
+    }
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let tree = db.open_tree(format!("fleet/{FLEET}")).unwrap();
+        tree.insert(2u64.to_be_bytes(), &b"{not json"[..]).unwrap();
+        db.flush().unwrap();
+    }
+    let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    let e = m.entries(FLEET).unwrap_err();
+    assert!(matches!(e, MirrorError::CorruptEntry { seq: 2, .. }), "{e}");
+}
+
+trait CloneForTest {
+    fn clone_for_test(&self) -> Writer;
+}
+
+impl CloneForTest for Writer {
+    fn clone_for_test(&self) -> Writer {
+        Writer {
+            journal: self.journal.clone(),
+            budget: self.budget,
+            minute: self.minute,
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! `celld-operator run`: the controller process (behavior.md §1, §17).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use journal::{Budget, Leader, Mirror, MirrorOptions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::api::CelldFleet;
+use crate::cli::{LogFormat, RunArgs};
+use crate::leader::{self, Leadership};
+use crate::reconcile::{self, Ctx, Next};
+use crate::render::RenderSettings;
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube=warn,tower=warn,hyper=warn")
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Plain => builder.init(),
+    }
+}
+
+/// `:8082` → `0.0.0.0:8082`; `0` → off.
+fn bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if s == "0" || s.is_empty() {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    Ok(Some(full.parse().map_err(|e| anyhow::anyhow!("{s}: {e}"))?))
+}
+
+/// `/livez` (always 200) and `/readyz` (200 once the controller runs as leader).
+async fn serve_health(addr: SocketAddr, ready: Arc<AtomicBool>) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    loop {
+        let (mut sock, _) = listener.accept().await?;
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let ok = match path {
+                "/livez" => true,
+                "/readyz" => ready.load(Ordering::SeqCst),
+                _ => false,
+            };
+            let (status, body) = if ok {
+                ("200 OK", "ok")
+            } else if path == "/readyz" {
+                ("503 Service Unavailable", "not ready")
+            } else {
+                ("404 Not Found", "not found")
+            };
+            let resp = format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}
+
+/// FNV-1a-32 of the fleet UID modulo 2000 ms: spreads resyncs of many fleets.
+fn jitter(uid: &str) -> Duration {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in uid.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    Duration::from_millis(u64::from(h % 2000))
+}
+
+/// Runs the controller until SIGTERM/SIGINT or a lost Lease.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format);
+    if let Some(fp) = args.fault_point.clone() {
+        crate::failpoint::arm(fp);
+    }
+    let client = Client::try_default().await?;
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "celld-operator".into());
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = bind_address(&args.health_bind_address)? {
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve_health(addr, ready).await {
+                tracing::error!(error = %e, "health endpoint failed");
+            }
+        });
+    }
+    // Leader election first: a standby never reconciles.
+    let leadership = Leadership::default();
+    let election = tokio::spawn(leader::run(
+        client.clone(),
+        args.operator_namespace.clone(),
+        identity.clone(),
+        leadership.clone(),
+    ));
+    while !leadership.holds() {
+        if election.is_finished() {
+            return Err(election
+                .await?
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("leader election ended")));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mirror = Mirror::open(
+        &args.journal_dir,
+        MirrorOptions {
+            retention: args.journal_retention,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("journal mirror {}: {e}", args.journal_dir.display()))?;
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        render: RenderSettings {
+            operator_namespace: args.operator_namespace.clone(),
+            local_test: args.local_test,
+        },
+        network_policy_enforced: args.network_policy_enforced,
+        budget: Budget::new(args.journal_annotation_bytes as usize)
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        mirror: Some(mirror),
+        leader: Leader {
+            identity: identity.clone(),
+            lease_transitions: leadership.transitions() as u32,
+        },
+        leadership: Some(leadership.clone()),
+    });
+    tracing::info!(identity, "leader: reconciling fleets");
+    ready.store(true, Ordering::SeqCst);
+    let fleets: Api<CelldFleet> = Api::all(client);
+    let controller = Controller::new(fleets, watcher::Config::default())
+        .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        .shutdown_on_signal()
+        .run(
+            |fleet: Arc<CelldFleet>, ctx: Arc<Ctx>| async move {
+                let ns = fleet.namespace().unwrap_or_default();
+                let name = fleet.name_any();
+                let span = tracing::info_span!("reconcile", fleet = %format!("{ns}/{name}"));
+                let _enter = span.enter();
+                ctx.check_lease();
+                let next = reconcile::reconcile(&ns, &name, &ctx).await?;
+                Ok::<_, reconcile::Error>(match next {
+                    Next::Soon => Action::requeue(reconcile::SOON),
+                    Next::Later => Action::requeue(reconcile::LATER + jitter(&fleet.uid().unwrap_or_default())),
+                })
+            },
+            |fleet: Arc<CelldFleet>, error: &reconcile::Error, _ctx: Arc<Ctx>| {
+                tracing::warn!(fleet = %fleet.name_any(), category = error.category(), error = %error, "reconcile failed");
+                Action::requeue(Duration::from_secs(if error.category() == "Conflict" { 1 } else { 5 }))
+            },
+            ctx,
+        )
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = controller => tracing::info!("controller stopped"),
+        result = election => {
+            let err = result.map_err(anyhow::Error::from).and_then(|r| r).err();
+            anyhow::bail!("leader election ended: {}", err.map(|e| e.to_string()).unwrap_or_default());
+        }
+    }
+    Ok(())
+}

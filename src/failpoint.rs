@@ -1,0 +1,33 @@
+//! Failpoints (journal.md, behavior.md §3.3): with `--local-test --fault-point=NAME[:N]`
+//! the process exits with code 3 the N-th time it reaches NAME, so crash drills can kill
+//! the manager exactly at a boundary between decision, journal and effect.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use crate::cli::FaultPoint;
+
+static ARMED: OnceLock<(FaultPoint, AtomicU32)> = OnceLock::new();
+
+/// Arms one failpoint for the life of the process (called once at startup).
+pub fn arm(point: FaultPoint) {
+    let _ = ARMED.set((point, AtomicU32::new(0)));
+}
+
+/// Marks a boundary; exits with code 3 when it is the armed one and its count is reached.
+pub fn reach(name: &str) {
+    if let Some((point, count)) = ARMED.get() {
+        if point.name == name && count.fetch_add(1, Ordering::SeqCst) + 1 == point.nth {
+            tracing::error!(
+                failpoint = name,
+                nth = point.nth,
+                "failpoint reached: exiting with code 3"
+            );
+            eprintln!(
+                "celld-operator: failpoint {name}:{} reached, exiting with code 3",
+                point.nth
+            );
+            std::process::exit(3);
+        }
+    }
+}

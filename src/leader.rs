@@ -1,0 +1,146 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease (behavior.md §1): duration 15 s,
+//! renew every 5 s, retry 2 s. Only the holder reconciles. Every acquisition and renewal
+//! is a compare-and-swap on the Lease's resourceVersion, so two replicas never both hold
+//! it; a holder that cannot renew in time stops issuing and exits non-zero.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+use kube::Client;
+
+/// Lease name.
+pub const LEASE_NAME: &str = "celld-operator";
+const DURATION: Duration = Duration::from_secs(15);
+const RENEW: Duration = Duration::from_secs(5);
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Shared view of the leadership of this process.
+#[derive(Clone, Default)]
+pub struct Leadership {
+    leading: Arc<AtomicBool>,
+    transitions: Arc<AtomicI64>,
+    renewed_at: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+impl Leadership {
+    /// Whether this process holds the Lease with at least 2 s left (checked before each effect).
+    pub fn holds(&self) -> bool {
+        self.leading.load(Ordering::SeqCst)
+            && self
+                .renewed_at
+                .lock()
+                .map(|t| t.is_some_and(|t| t.elapsed() + Duration::from_secs(2) < DURATION))
+                .unwrap_or(false)
+    }
+    /// `leaseTransitions` at acquisition (stamped into journal entries).
+    pub fn transitions(&self) -> i64 {
+        self.transitions.load(Ordering::SeqCst)
+    }
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+/// Acquires and renews the Lease until the process ends; returns only on a lost lease.
+pub async fn run(
+    client: Client,
+    namespace: String,
+    identity: String,
+    state: Leadership,
+) -> anyhow::Result<()> {
+    let api: Api<Lease> = Api::namespaced(client, &namespace);
+    loop {
+        let acquired = try_acquire_or_renew(&api, &identity, &state).await;
+        match acquired {
+            Ok(true) => {
+                if !state.leading.swap(true, Ordering::SeqCst) {
+                    tracing::info!(
+                        identity,
+                        transitions = state.transitions(),
+                        "acquired the leader Lease"
+                    );
+                }
+                *state.renewed_at.lock().expect("lock") = Some(Instant::now());
+                tokio::time::sleep(RENEW).await;
+            }
+            Ok(false) => {
+                if state.leading.load(Ordering::SeqCst) {
+                    anyhow::bail!("lost the leader Lease to another replica");
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "leader Lease renewal failed");
+                if state.leading.load(Ordering::SeqCst) && !state.holds() {
+                    anyhow::bail!("could not renew the leader Lease in time: {e}");
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    identity: &str,
+    state: &Leadership,
+) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(LEASE_NAME).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(LEASE_NAME.into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(identity.into()),
+                lease_duration_seconds: Some(DURATION.as_secs() as i32),
+                acquire_time: Some(now_micro()),
+                renew_time: Some(now_micro()),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => {
+                state.transitions.store(0, Ordering::SeqCst);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    let ours = spec.holder_identity.as_deref() == Some(identity);
+    let expired = spec.renew_time.as_ref().is_none_or(|t| {
+        let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+        Timestamp::now().duration_since(t.0) > SignedDuration::from_secs(secs)
+    });
+    if !ours && !expired {
+        return Ok(false);
+    }
+    if !ours {
+        spec.holder_identity = Some(identity.into());
+        spec.acquire_time = Some(now_micro());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+    }
+    spec.renew_time = Some(now_micro());
+    spec.lease_duration_seconds = Some(DURATION.as_secs() as i32);
+    let transitions = i64::from(spec.lease_transitions.unwrap_or(0));
+    match api
+        .replace(LEASE_NAME, &PostParams::default(), &lease)
+        .await
+    {
+        Ok(_) => {
+            state.transitions.store(transitions, Ordering::SeqCst);
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}

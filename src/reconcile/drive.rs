@@ -1,0 +1,712 @@
+//! Driving the open operation forward, and opening a new one (behavior.md §3).
+//!
+//! Every workload write is the guarded write of journal.md: fresh GET; the effect marker
+//! `<op>/<step>` already present means the write happened (maybe just before a crash) and
+//! is recorded as `Issued{replayed}`; otherwise the marker must equal the predecessor and
+//! the step's precondition must hold, or nothing is written (Canceled in Intent, Blocked
+//! after issue). The write carries the read resourceVersion.
+
+use journal::{
+    CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
+    Observed, OperationId, OperationKind, Phase, Step, Target,
+};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+
+use super::compare::rendered_matches;
+use super::plan::{plan, Desired, LiveView, Plan};
+use super::workload::{self, LiveWorkload};
+use super::{Error, KubeContext, Report, Run};
+use crate::api::keys::{FLEET_UID_LABEL, JOURNAL_COMMAND_ANNOTATION, RESTART_TOKEN_ANNOTATION};
+use crate::api::{CelldStorageReservation, Profile};
+use crate::failpoint;
+use crate::render::{self, claim_name, uses_statefulset, FleetRef, Workload};
+
+/// The workload as rendered for `replicas` with `token` in the Pod template.
+fn rendered(run: &Run<'_>, replicas: i32, token: Option<&str>) -> Workload {
+    let f = FleetRef {
+        name: &run.name,
+        namespace: &run.ns,
+        uid: &run.uid,
+        spec: &run.fleet.spec,
+    };
+    let template = render::pod_template(&f, &run.ctx.render, token);
+    let reservation = CelldStorageReservation::name_for_bucket(&run.fleet.spec.storage.bucket);
+    render::render_workload(&f, replicas, template, &reservation)
+}
+
+fn live_token(live: &LiveWorkload) -> Option<String> {
+    live.template()?
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(RESTART_TOKEN_ANNOTATION)
+        .cloned()
+}
+
+fn live_image(live: &LiveWorkload) -> Option<String> {
+    live.template()?
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == "celld")?
+        .image
+        .clone()
+}
+
+/// Whether the live operator-owned fields equal the rendering.
+fn owned_fields_current(live: &LiveWorkload, want: &Workload) -> bool {
+    let live_v = match live {
+        LiveWorkload::StatefulSet(s) => serde_json::to_value(s),
+        LiveWorkload::Deployment(d) => serde_json::to_value(d),
+    }
+    .unwrap_or_default();
+    let want_v = match want {
+        Workload::StatefulSet(s) => serde_json::to_value(s),
+        Workload::Deployment(d) => serde_json::to_value(d),
+    }
+    .unwrap_or_default();
+    [
+        "template",
+        "strategy",
+        "updateStrategy",
+        "persistentVolumeClaimRetentionPolicy",
+    ]
+    .iter()
+    .all(|k| {
+        let w = &want_v["spec"][k];
+        w.is_null() || rendered_matches(w, &live_v["spec"][k])
+    })
+}
+
+fn schedule_decided(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+            })
+}
+
+/// Step 3: `abandon <op>` / `retry <op>`, consumed in the same write as its entry.
+pub async fn consume_command(run: &mut Run<'_>, value: &str) -> Result<(), Error> {
+    let refused = match journal::parse_command(value) {
+        Ok(cmd) => {
+            match run
+                .journal
+                .command_entry(&cmd, "user", None, run.now, run.ctx.leader.clone())
+            {
+                Ok(entry) => {
+                    run.append_with(entry.op, entry.body, true).await?;
+                    return Ok(());
+                }
+                Err(e) => e.to_string(),
+            }
+        }
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(fleet = %run.name, command = value, reason = %refused, "journal command refused and removed");
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": run.fleet.resource_version(),
+        "annotations": {JOURNAL_COMMAND_ANNOTATION: null}
+    }});
+    run.fleet = run
+        .api
+        .patch(
+            &run.name,
+            &Default::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .ctx(|| "removing a refused journal command".into())?;
+    Ok(())
+}
+
+/// Data of the open operation, copied out of the fold.
+#[derive(Clone)]
+pub(crate) struct OpenOp {
+    pub id: OperationId,
+    pub kind: OperationKind,
+    pub intent: Intent,
+    pub phase: Phase,
+    pub issued: bool,
+    pub observed: bool,
+    pub blocker: Option<String>,
+}
+
+pub(crate) fn open_op(run: &Run<'_>) -> Option<OpenOp> {
+    let op = run.journal.fold().current()?;
+    Some(OpenOp {
+        id: op.id(),
+        kind: op.kind(),
+        intent: op.intent().clone(),
+        phase: op.phase(),
+        issued: op.issued_anything(),
+        observed: op.observed().is_some(),
+        blocker: op.blocked().map(|(_, b)| b.to_string()),
+    })
+}
+
+fn step_of(kind: OperationKind) -> Step {
+    match kind {
+        OperationKind::Provision => Step::Create,
+        OperationKind::Scale => Step::Replicas,
+        _ => Step::Template,
+    }
+}
+
+fn progress(op: &OpenOp, detail: &str) -> Report {
+    Report::progress(format!(
+        "{} {} ({}->{}) {} at step {}: {detail}",
+        op.kind,
+        op.id,
+        op.intent.from,
+        op.intent.to,
+        op.phase.as_str(),
+        step_of(op.kind)
+    ))
+}
+
+/// Step 10: drive the open operation.
+pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
+    let Some(op) = open_op(run) else {
+        return Ok(Report::provisioning("No operation is open".into()));
+    };
+    if op.kind == OperationKind::Delete {
+        return super::delete::drive(run).await;
+    }
+    if let Some(action) = run
+        .journal
+        .fold()
+        .current()
+        .and_then(|o| journal::deadline::due(o, run.now))
+    {
+        let canceled = matches!(action, journal::DeadlineAction::Cancel { .. });
+        run.append(action.op(), action.body()).await?;
+        if canceled {
+            return Ok(Report::provisioning(format!(
+                "{} {} passed its deadline before issue and was canceled",
+                op.kind, op.id
+            )));
+        }
+    }
+    if let Some(blocker) = &op.blocker {
+        return Ok(Report::blocked_infra_ready(
+            "OperationBlocked",
+            format!(
+                "{} {} is blocked at {}: {blocker}. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
+                op.kind, op.id, step_of(op.kind), run.ns, run.name, op.id
+            ),
+        ));
+    }
+    if !op.issued {
+        if let Some(reason) = cancel_reason(run, &op) {
+            run.append(op.id, EntryBody::Canceled(Canceled { reason }))
+                .await?;
+            return Ok(if reason == CancelReason::CanceledBeforeIssue {
+                Report::blocked(
+                    "MaintenancePaused",
+                    format!("Paused: no operation starts and no member is healed; {} {} was canceled before issue", op.kind, op.id),
+                )
+            } else {
+                Report::provisioning(format!(
+                    "{} {} was canceled ({}); planning again",
+                    op.kind,
+                    op.id,
+                    reason.as_str()
+                ))
+            });
+        }
+        return issue(run, &op).await;
+    }
+    if !op.observed {
+        match target_reached(run, &op).await? {
+            Ok(()) => {
+                run.append(
+                    op.id,
+                    EntryBody::Observed(Observed {
+                        note: observed_note(&op),
+                    }),
+                )
+                .await?;
+            }
+            Err(waiting) => return Ok(progress(&op, &waiting)),
+        }
+    }
+    failpoint::reach("before-complete");
+    run.append(
+        op.id,
+        EntryBody::Completed(Completed {
+            outcome: CompletedOutcome::Succeeded,
+        }),
+    )
+    .await?;
+    Ok(Report::provisioning(format!(
+        "{} {} completed",
+        op.kind, op.id
+    )))
+}
+
+fn observed_note(op: &OpenOp) -> String {
+    match op.kind {
+        OperationKind::Provision | OperationKind::Scale if op.intent.to >= op.intent.from => {
+            format!(
+                "workload observed {} members, each placed by the scheduler",
+                op.intent.to
+            )
+        }
+        OperationKind::Scale => format!(
+            "workload observed {} members; the removed member is gone",
+            op.intent.to
+        ),
+        _ => "rolled out".into(),
+    }
+}
+
+/// Cancel rules before issue (behavior.md §3.4).
+fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
+    let spec = &run.fleet.spec;
+    if spec.maintenance.as_ref().is_some_and(|m| m.paused) {
+        return Some(CancelReason::CanceledBeforeIssue);
+    }
+    let token = spec
+        .maintenance
+        .as_ref()
+        .and_then(|m| m.restart_token.clone())
+        .filter(|t| !t.is_empty());
+    let changed = match op.kind {
+        OperationKind::Scale if op.intent.to > op.intent.from => spec.replicas <= op.intent.from,
+        OperationKind::Scale => spec.replicas >= op.intent.from,
+        OperationKind::Restart => token != op.intent.token,
+        OperationKind::Upgrade => spec.runtime_image != op.intent.image,
+        _ => false,
+    };
+    changed.then_some(CancelReason::RequestChanged)
+}
+
+/// Issues the operation's single workload step with the guarded write.
+async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
+    let client = run.ctx.client.clone();
+    let sts = uses_statefulset(&run.fleet.spec);
+    let step = step_of(op.kind);
+    let effect = Effect::new(op.id, step.clone());
+    let marker = effect.to_string();
+    let live = workload::get(&client, &run.ns, &run.name, sts)
+        .await
+        .ctx(|| "reading the workload".into())?;
+
+    if let Some(live) = &live {
+        if live.marker() == Some(marker.as_str()) {
+            // The write happened before a crash: record it, never repeat it.
+            let rv = live.meta().resource_version.clone();
+            run.append(op.id, issued(step, effect, rv.clone(), rv, true))
+                .await?;
+            return Ok(progress(
+                op,
+                "effect found already applied; recorded as replayed",
+            ));
+        }
+    }
+    if step == Step::Create {
+        if live.is_some() {
+            run.append(
+                op.id,
+                EntryBody::Canceled(Canceled {
+                    reason: CancelReason::PredecessorChanged,
+                }),
+            )
+            .await?;
+            return Ok(Report::provisioning(
+                "The workload appeared before it was created; planning again".into(),
+            ));
+        }
+        let want = rendered(run, op.intent.to, op.intent.token.as_deref());
+        run.before_effect();
+        let created = match workload::create(&client, &run.ns, want, &marker).await {
+            Ok(w) => w,
+            // Created meanwhile (maybe by us before a lost response): the next reconcile reads the marker.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Ok(progress(op, "workload already exists; re-reading"))
+            }
+            Err(e) => return Err(e).ctx(|| "creating the workload".into()),
+        };
+        failpoint::reach("after-effect");
+        run.append(
+            op.id,
+            issued(
+                step,
+                effect,
+                None,
+                created.meta().resource_version.clone(),
+                false,
+            ),
+        )
+        .await?;
+        return Ok(Report::provisioning(
+            "Workload created; members are being scheduled and started".into(),
+        ));
+    }
+
+    // Guard: marker = predecessor, replicas = from, owned; contraction: victim as recorded.
+    let predecessor = run.journal.predecessor_effect().map(|e| e.to_string());
+    let guard = match &live {
+        None => Err("the workload is gone".to_string()),
+        Some(w) if !w.owned_by(&run.uid) => {
+            Err("the workload is not owned by this fleet".to_string())
+        }
+        Some(w) if w.marker().map(str::to_string) != predecessor => Err(format!(
+            "the workload's effect marker is {:?}, expected {:?}",
+            w.marker(),
+            predecessor
+        )),
+        Some(w) if w.replicas() != op.intent.from => Err(format!(
+            "the workload has {} replicas, expected {}",
+            w.replicas(),
+            op.intent.from
+        )),
+        Some(_) => victim_unchanged(run, op).await?,
+    };
+    let guard = match (guard, live) {
+        (Ok(()), Some(w)) => Ok(w),
+        (Ok(()), None) => Err("the workload is gone".to_string()),
+        (Err(why), _) => Err(why),
+    };
+    let mut live = match guard {
+        Ok(w) => w,
+        Err(why) => {
+            run.append(
+                op.id,
+                EntryBody::Canceled(Canceled {
+                    reason: CancelReason::PredecessorChanged,
+                }),
+            )
+            .await?;
+            return Ok(Report::provisioning(format!(
+                "{} {} canceled before issue: {why}; planning again",
+                op.kind, op.id
+            )));
+        }
+    };
+    let decided_on = live.meta().resource_version.clone();
+    match step {
+        Step::Replicas => live.set_replicas(op.intent.to),
+        _ => live.take_owned_fields(&rendered(run, op.intent.to, op.intent.token.as_deref())),
+    }
+    live.set_marker(&marker);
+    run.before_effect();
+    let written = match workload::replace(&client, &run.ns, &live).await {
+        Ok(w) => w,
+        // Never retried with a newer version: the next reconcile decides again.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            return Ok(progress(op, "the workload changed; deciding again"))
+        }
+        Err(e) => return Err(e).ctx(|| "writing the workload".into()),
+    };
+    failpoint::reach("after-effect");
+    run.append(
+        op.id,
+        issued(
+            step,
+            effect,
+            decided_on,
+            written.meta().resource_version.clone(),
+            false,
+        ),
+    )
+    .await?;
+    Ok(progress(op, "effect issued"))
+}
+
+fn issued(
+    step: Step,
+    effect: Effect,
+    decided: Option<String>,
+    result: Option<String>,
+    replayed: bool,
+) -> EntryBody {
+    EntryBody::Issued(Issued {
+        step,
+        effect,
+        decided_on_resource_version: decided,
+        result_resource_version: result,
+        replayed,
+    })
+}
+
+/// A contraction's recorded victim must still be the same Pod (fresh read).
+async fn victim_unchanged(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
+    let Some(target) = op.intent.targets.first() else {
+        return Ok(Ok(()));
+    };
+    let pod = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns)
+        .get_opt(&target.pod)
+        .await
+        .ctx(|| format!("reading member {}", target.pod))?;
+    let uid = pod.as_ref().and_then(|p| p.metadata.uid.clone());
+    Ok(if uid == target.pod_uid {
+        Ok(())
+    } else {
+        Err(format!(
+            "member {} now has UID {:?}, recorded {:?}",
+            target.pod, uid, target.pod_uid
+        ))
+    })
+}
+
+/// Whether the operation's target is reached; `Err(what we wait for)` otherwise.
+async fn target_reached(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
+    let sts = uses_statefulset(&run.fleet.spec);
+    let live = workload::get(&run.ctx.client, &run.ns, &run.name, sts)
+        .await
+        .ctx(|| "reading the workload".into())?;
+    let Some(live) = live else {
+        return Ok(Err("the workload is gone".into()));
+    };
+    if !live.observed_current() {
+        return Ok(Err(
+            "waiting for the workload controller to observe the change".into(),
+        ));
+    }
+    let pods: Vec<Pod> = run
+        .pods()
+        .await?
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    match op.kind {
+        OperationKind::Provision | OperationKind::Scale if op.intent.to >= op.intent.from => {
+            if (pods.len() as i32) < op.intent.to {
+                return Ok(Err(format!(
+                    "{} of {} members created",
+                    pods.len(),
+                    op.intent.to
+                )));
+            }
+            if let Some(p) = pods.iter().find(|p| !schedule_decided(p)) {
+                return Ok(Err(format!(
+                    "waiting for the scheduler to place member {}",
+                    p.name_any()
+                )));
+            }
+            Ok(Ok(()))
+        }
+        OperationKind::Scale => {
+            let all = run.pods().await?;
+            if let Some(victim) = op.intent.targets.first() {
+                if all.iter().any(|p| p.metadata.uid == victim.pod_uid) {
+                    return Ok(Err(format!("waiting for member {} to stop", victim.pod)));
+                }
+            } else if all.len() as i32 > op.intent.to {
+                return Ok(Err(format!(
+                    "waiting for {} members to stop",
+                    all.len() as i32 - op.intent.to
+                )));
+            }
+            Ok(Ok(()))
+        }
+        _ => {
+            let token_ok = op.intent.token.is_none() || live_token(&live) == op.intent.token;
+            if token_ok && live.rolled_out() {
+                Ok(Ok(()))
+            } else {
+                Ok(Err(
+                    "Rolling update in progress, one member at a time".into()
+                ))
+            }
+        }
+    }
+}
+
+/// Steps 13–16: image, ownership, plan; a new operation's Intent, then its first step.
+pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
+    let spec = run.fleet.spec.clone();
+    let Some(image) = spec.runtime_image.clone() else {
+        return Ok(Report::blocked(
+            "UnsupportedTransition",
+            "Set spec.runtimeImage to a celld image pinned by digest; the operator has no built-in image".into(),
+        ));
+    };
+    let sts = uses_statefulset(&spec);
+    let client = run.ctx.client.clone();
+    let live = workload::get(&client, &run.ns, &run.name, sts)
+        .await
+        .ctx(|| "reading the workload".into())?;
+    if let Some(w) = &live {
+        if !w.owned_by(&run.uid) {
+            let kind = if sts { "StatefulSet" } else { "Deployment" };
+            return Ok(Report::blocked(
+                "LifecycleBlocked",
+                format!("{kind} {} exists but is not owned by this fleet; it is neither adopted nor changed", run.name),
+            ));
+        }
+    }
+    // Claims at member names: fresh reads (a foreign claim has no fleet label, so no list sees it).
+    let mut kept = Vec::new();
+    if spec.profile == Profile::PersistentFleet {
+        let applied = live.as_ref().map(LiveWorkload::replicas).unwrap_or(0);
+        let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &run.ns);
+        for i in 0..spec.replicas.max(applied) {
+            let name = claim_name(&run.name, i);
+            let Some(claim) = claims
+                .get_opt(&name)
+                .await
+                .ctx(|| format!("reading claim {name}"))?
+            else {
+                continue;
+            };
+            let labelled =
+                claim.labels().get(FLEET_UID_LABEL).map(String::as_str) == Some(run.uid.as_str());
+            if !labelled {
+                return Ok(Report::blocked(
+                    "StorageIdentityConflict",
+                    format!("Claim {name} exists without this fleet's UID label; it is neither attached nor deleted"),
+                ));
+            }
+            if claim.meta().deletion_timestamp.is_some() {
+                if i >= applied && i < spec.replicas {
+                    return Ok(Report::provisioning(format!(
+                        "Waiting for claim {name} to finish deleting before adding member {}-{i}",
+                        run.name
+                    )));
+                }
+                continue;
+            }
+            kept.push(i);
+        }
+    }
+    let token = spec
+        .maintenance
+        .as_ref()
+        .and_then(|m| m.restart_token.clone())
+        .filter(|t| !t.is_empty());
+    let highest_never_placed = match &live {
+        Some(w) if sts && w.replicas() > 0 => {
+            let ordinal = w.replicas() - 1;
+            let pod = Api::<Pod>::namespaced(client.clone(), &run.ns)
+                .get_opt(&format!("{}-{ordinal}", run.name))
+                .await
+                .ctx(|| "reading the highest member".into())?;
+            let unscheduled = pod.as_ref().is_some_and(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                        })
+            });
+            let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &run.ns)
+                .get_opt(&claim_name(&run.name, ordinal))
+                .await
+                .ctx(|| "reading the highest member's claim".into())?;
+            let claim_unbound = claim.as_ref().is_none_or(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.phase.as_deref())
+                    .is_none_or(|p| p == "Pending")
+            });
+            unscheduled && claim_unbound
+        }
+        _ => false,
+    };
+    let view = live.as_ref().map(|w| {
+        let lt = live_token(w);
+        LiveView {
+            applied: w.replicas(),
+            template_current: owned_fields_current(w, &rendered(run, w.replicas(), lt.as_deref())),
+            live_token: lt,
+            live_image: live_image(w),
+            rolled_out: w.rolled_out(),
+            observed_current: w.observed_current(),
+            highest_never_placed,
+        }
+    });
+    let desired = Desired {
+        replicas: spec.replicas,
+        image: image.clone(),
+        token,
+        last_completed_token: run.journal.last_restart_token().map(str::to_string),
+        coordinated: spec
+            .maintenance
+            .as_ref()
+            .is_some_and(|m| m.allow_coordinated_downtime),
+        persistent: spec.profile == Profile::PersistentFleet,
+        kept_ordinals: kept,
+    };
+    let decision = plan(&desired, view.as_ref());
+    tracing::debug!(?desired, ?view, ?decision, "planned");
+    match decision {
+        Plan::Settled => {
+            let w = live.as_ref().expect("settled implies a workload");
+            Ok(if w.rolled_out() {
+                Report::provisioned(w.replicas())
+            } else {
+                Report::provisioning(format!(
+                    "Rolling update in progress, one member at a time: {} of {} members ready",
+                    w.ready_replicas(),
+                    w.replicas()
+                ))
+            })
+        }
+        Plan::Wait(msg) => Ok(Report::provisioning(msg)),
+        Plan::Unsupported(msg) => Ok(Report::blocked("UnsupportedTransition", msg)),
+        Plan::Open {
+            kind,
+            from,
+            to,
+            token,
+            image,
+        } => {
+            let mut targets = Vec::new();
+            if kind == OperationKind::Scale && to < from && sts {
+                // The StatefulSet removes the highest ordinal: record its identity now.
+                let victim = format!("{}-{}", run.name, to);
+                let pod = Api::<Pod>::namespaced(client.clone(), &run.ns)
+                    .get_opt(&victim)
+                    .await
+                    .ctx(|| format!("reading member {victim}"))?;
+                let claim =
+                    (spec.profile == Profile::PersistentFleet).then(|| claim_name(&run.name, to));
+                targets.push(Target {
+                    pod: victim,
+                    pod_uid: pod.as_ref().and_then(|p| p.metadata.uid.clone()),
+                    pod_ip: pod.as_ref().and_then(|p| p.status.as_ref()?.pod_ip.clone()),
+                    runtime_generation: None,
+                    claim,
+                    claim_uid: None,
+                    claim_resource_version: None,
+                });
+            }
+            failpoint::reach("before-intent");
+            let id = OperationId::new_v4();
+            let intent = Intent {
+                kind,
+                from,
+                to,
+                token,
+                image,
+                reason: None,
+                deadline: journal::default_deadline(run.now, None),
+                targets,
+                workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
+                predecessor_effect: run.journal.predecessor_effect(),
+            };
+            run.append(id, EntryBody::Intent(intent)).await?;
+            failpoint::reach("after-intent");
+            drive_open(run).await
+        }
+    }
+}

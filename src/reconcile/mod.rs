@@ -1,0 +1,364 @@
+//! One reconcile of one fleet (behavior.md §2): read → plan → one guarded effect, with
+//! every member-changing decision journaled before it is carried out.
+//!
+//! This build covers Provision, Scale (growth in runs, contraction one member at a time,
+//! claims retained), rolling Restart/Upgrade/TemplateUpdate and Delete. Not yet:
+//! Retire contractions and strict proofs, coordinated restarts, member replacement and
+//! self-healing, leader election, Events and metrics (see README "Status of this tree").
+
+mod compare;
+mod delete;
+mod drive;
+mod plan;
+mod prereq;
+mod status;
+pub mod workload;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use journal::{Budget, Entry, EntryBody, Journal, Leader, Mirror, NewEntry, OperationId};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
+use kube::{Client, ResourceExt};
+
+use crate::api::keys::{FLEET_UID_LABEL, JOURNAL_COMMAND_ANNOTATION};
+use crate::api::CelldFleet;
+use crate::journal_store;
+use crate::render::RenderSettings;
+
+pub use plan::{plan, Desired, LiveView, Plan};
+pub use status::{Class, Report};
+
+/// Operator-wide settings and clients shared by reconciles.
+pub struct Ctx {
+    /// The API client.
+    pub client: Client,
+    /// Rendering settings (`--operator-namespace`, `--local-test`).
+    pub render: RenderSettings,
+    /// `--network-policy-enforced`.
+    pub network_policy_enforced: bool,
+    /// `--journal-annotation-bytes`.
+    pub budget: Budget,
+    /// The local journal mirror.
+    pub mirror: Option<Mirror>,
+    /// Identity stamped into journal entries.
+    pub leader: Leader,
+    /// Leadership of this process (`None`: a single replica without election, tests only).
+    pub leadership: Option<crate::leader::Leadership>,
+}
+
+impl Ctx {
+    /// Before any effect: the Lease must be held with at least 2 s left; a replica that
+    /// lost it stops issuing at once and exits non-zero (behavior.md §1).
+    pub fn check_lease(&self) {
+        if let Some(l) = &self.leadership {
+            if !l.holds() {
+                tracing::error!("the leader Lease is not held with 2 s to spare: exiting before issuing an effect");
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+/// Errors that end a reconcile early; the next one starts again from fresh reads.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{context}: {source}")]
+    Kube {
+        /// What was being done.
+        context: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A journal append did not commit.
+    #[error(transparent)]
+    Append(#[from] journal_store::AppendError),
+    /// The journal annotation could not be read.
+    #[error("the journal annotation is invalid: {0}")]
+    Journal(#[from] journal::LoadError),
+}
+
+impl Error {
+    /// Stable PascalCase category (Event reason, metric label).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 409 => "Conflict",
+            Error::Kube {
+                source: kube::Error::Api(s),
+                ..
+            } if s.code == 403 => "Forbidden",
+            Error::Kube { .. } => "ApiError",
+            Error::Append(journal_store::AppendError::Conflict(_)) => "Conflict",
+            Error::Append(_) => "JournalAppendFailed",
+            Error::Journal(_) => "JournalInvalid",
+        }
+    }
+}
+
+/// Adds context to a kube error.
+pub(crate) trait KubeContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T, Error>;
+}
+
+impl<T> KubeContext<T> for Result<T, kube::Error> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T, Error> {
+        self.map_err(|source| Error::Kube {
+            context: context(),
+            source,
+        })
+    }
+}
+
+/// What one reconcile saw and holds: the fleet as last written and its journal.
+pub(crate) struct Run<'a> {
+    pub ctx: &'a Ctx,
+    pub api: Api<CelldFleet>,
+    pub fleet: CelldFleet,
+    pub journal: Journal,
+    pub now: DateTime<Utc>,
+    pub ns: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Run<'_> {
+    /// The boundary just before an effect: lease check, then the `before-effect` failpoint.
+    pub fn before_effect(&self) {
+        self.ctx.check_lease();
+        crate::failpoint::reach("before-effect");
+    }
+
+    /// Appends one entry (compare-and-swap on the fleet) and mirrors it.
+    pub async fn append(&mut self, op: OperationId, body: EntryBody) -> Result<Entry, Error> {
+        self.append_with(op, body, false).await
+    }
+
+    /// Appends, optionally removing a consumed journal command in the same write.
+    pub async fn append_with(
+        &mut self,
+        op: OperationId,
+        body: EntryBody,
+        remove_command: bool,
+    ) -> Result<Entry, Error> {
+        let entry = NewEntry {
+            at: Utc::now(),
+            op,
+            leader: self.ctx.leader.clone(),
+            body,
+        };
+        let committed = journal_store::append(
+            &self.api,
+            &self.fleet,
+            &self.journal,
+            entry,
+            self.ctx.budget,
+            self.ctx.mirror.as_ref(),
+            remove_command,
+        )
+        .await?;
+        tracing::info!(
+            fleet = %format!("{}/{}", self.ns, self.name),
+            op = %committed.entry.op(),
+            seq = committed.entry.seq(),
+            entry = %journal::audit::entry_detail(&committed.entry),
+            "journal entry committed"
+        );
+        self.fleet = committed.fleet;
+        self.journal = committed.journal;
+        Ok(committed.entry)
+    }
+
+    /// Pods with the fleet label (fresh list).
+    pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
+        let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
+        Ok(Api::<Pod>::namespaced(self.ctx.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .ctx(|| "listing Pods".into())?
+            .items)
+    }
+
+    /// Claims with the fleet label (fresh list).
+    pub async fn claims(&self) -> Result<Vec<PersistentVolumeClaim>, Error> {
+        let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
+        Ok(
+            Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), &self.ns)
+                .list(&lp)
+                .await
+                .ctx(|| "listing claims".into())?
+                .items,
+        )
+    }
+}
+
+/// Owned (behavior.md §0): the fleet label with this fleet's UID and no owner references.
+/// (Deletion state is checked by callers: deleting owned objects are still ours.)
+pub(crate) fn owned<K: Resource>(obj: &K, uid: &str) -> bool {
+    let m = obj.meta();
+    m.labels
+        .as_ref()
+        .and_then(|l| l.get(FLEET_UID_LABEL))
+        .map(String::as_str)
+        == Some(uid)
+        && m.owner_references.as_ref().is_none_or(Vec::is_empty)
+}
+
+/// How soon to look again.
+pub enum Next {
+    /// Soon: something is moving (an open operation, a wait).
+    Soon,
+    /// At the slow resync.
+    Later,
+}
+
+/// Reconciles one fleet; returns when to look again.
+pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
+    let api: Api<CelldFleet> = Api::namespaced(ctx.client.clone(), ns);
+    // Fresh read: appends are compare-and-swaps on the newest resourceVersion.
+    let Some(fleet) = api
+        .get_opt(name)
+        .await
+        .ctx(|| format!("reading fleet {ns}/{name}"))?
+    else {
+        return Ok(Next::Later);
+    };
+    let uid = fleet.uid().unwrap_or_default();
+    let journal = match journal_store::load(&fleet) {
+        Ok(j) => j,
+        Err(e) => {
+            let report = Report::blocked(
+                "InvalidConfiguration",
+                format!("metadata.annotations[celld.eric.dev/journal]: {e}; the operator changes nothing until it is repaired"),
+            );
+            status::write(&api, &fleet, None, &[], None, &report).await?;
+            return Ok(Next::Later);
+        }
+    };
+    let mut run = Run {
+        ctx,
+        api,
+        fleet,
+        journal,
+        now: Utc::now(),
+        ns: ns.into(),
+        name: name.into(),
+        uid,
+    };
+    let report = match reconcile_steps(&mut run).await {
+        Ok(r) => r,
+        Err(Error::Kube { source: kube::Error::Api(s), context }) if s.code == 403 => Report::blocked(
+            "NamespaceAccessDenied",
+            format!(
+                "The operator's Role is missing in namespace {} ({context}: forbidden); apply the fleet-namespace Role \
+                 and RoleBinding there (chart value fleetNamespaces)",
+                run.ns
+            ),
+        ),
+        Err(e) => return Err(e),
+    };
+    if run.fleet.meta().deletion_timestamp.is_some()
+        && !run
+            .fleet
+            .finalizers()
+            .iter()
+            .any(|f| f == crate::api::keys::LIFECYCLE_FINALIZER)
+    {
+        return Ok(Next::Later);
+    }
+    let live = workload::get(
+        &ctx.client,
+        &run.ns,
+        &run.name,
+        crate::render::uses_statefulset(&run.fleet.spec),
+    )
+    .await
+    .ctx(|| "reading the workload".into())?;
+    let pods = run.pods().await?;
+    status::write(
+        &run.api,
+        &run.fleet,
+        Some(&run.journal),
+        &pods,
+        live.as_ref(),
+        &report,
+    )
+    .await?;
+    Ok(
+        if report.class == Class::Done && run.journal.fold().current().is_none() {
+            Next::Later
+        } else {
+            Next::Soon
+        },
+    )
+}
+
+use kube::Resource;
+
+async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
+    // 3. Consume a journal command in any state.
+    if let Some(value) = run
+        .fleet
+        .annotations()
+        .get(JOURNAL_COMMAND_ANNOTATION)
+        .cloned()
+    {
+        drive::consume_command(run, &value).await?;
+    }
+    // 5. Deletion, regardless of pause or configuration errors.
+    if run.fleet.meta().deletion_timestamp.is_some() {
+        return delete::drive(run).await;
+    }
+    // 6. Validate.
+    let violations = crate::validate::validate(&run.name, &run.fleet.spec);
+    if let Some(first) = violations.first() {
+        let more = if violations.len() > 1 {
+            format!(" (and {} more)", violations.len() - 1)
+        } else {
+            String::new()
+        };
+        return Ok(Report::blocked(
+            "InvalidConfiguration",
+            format!("{first}{more}"),
+        ));
+    }
+    // 7. Finalizer.
+    prereq::ensure_finalizer(run).await?;
+    // 8. Gates.
+    if let Some(report) = prereq::gates(run).await? {
+        return Ok(report);
+    }
+    // 10. Drive the open operation (also while paused once issued).
+    if run.journal.fold().current().is_some() {
+        return drive::drive_open(run).await;
+    }
+    // 11. Pause.
+    if run
+        .fleet
+        .spec
+        .maintenance
+        .as_ref()
+        .is_some_and(|m| m.paused)
+    {
+        return Ok(Report::blocked(
+            "MaintenancePaused",
+            "Paused: no operation starts and no member is healed".into(),
+        ));
+    }
+    // 12. NetworkPolicy, PDB, Services.
+    if let Some(report) = prereq::converge(run).await? {
+        return Ok(report);
+    }
+    // 13.–16. Image, ownership, plan.
+    drive::plan_and_open(run).await
+}
+
+/// Requeue delays.
+pub const SOON: Duration = Duration::from_secs(2);
+/// Slow resync.
+pub const LATER: Duration = Duration::from_secs(600);

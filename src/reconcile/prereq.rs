@@ -1,0 +1,263 @@
+//! Finalizer, gates and the fleet's non-workload objects (behavior.md §2 steps 7–8, 12;
+//! §4.1, §4.4, §5).
+
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::json;
+
+use super::compare::{first_difference, rendered_matches};
+use super::{owned, Error, KubeContext, Report, Run};
+use crate::api::keys::{LIFECYCLE_FINALIZER, SPEC_HASH_FORMAT, SPEC_HASH_FORMAT_ANNOTATION};
+use crate::api::{CelldStorageReservation, Profile};
+use crate::render::{self, FleetRef};
+
+/// Step 7: the finalizer, added with a patch carrying the fleet's resourceVersion.
+pub async fn ensure_finalizer(run: &mut Run<'_>) -> Result<(), Error> {
+    if run
+        .fleet
+        .finalizers()
+        .iter()
+        .any(|f| f == LIFECYCLE_FINALIZER)
+    {
+        return Ok(());
+    }
+    let mut finalizers = run.fleet.finalizers().to_vec();
+    finalizers.push(LIFECYCLE_FINALIZER.into());
+    let patch = json!({"metadata": {"resourceVersion": run.fleet.resource_version(), "finalizers": finalizers}});
+    run.fleet = run
+        .api
+        .patch(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .ctx(|| "adding the finalizer".into())?;
+    Ok(())
+}
+
+/// Step 8: gates. Only the reservation may be created here.
+pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
+    let client = run.ctx.client.clone();
+    if !run.ctx.network_policy_enforced {
+        return Ok(Some(Report::blocked(
+            "IsolationUnverified",
+            "Nothing is provisioned until an administrator confirms the CNI enforces NetworkPolicy and starts the \
+             operator with --network-policy-enforced"
+                .into(),
+        )));
+    }
+    let sa = &run.fleet.spec.service_account_name;
+    if Api::<ServiceAccount>::namespaced(client.clone(), &run.ns)
+        .get_opt(sa)
+        .await
+        .ctx(|| "get serviceaccounts".into())?
+        .is_none()
+    {
+        return Ok(Some(Report::blocked(
+            "ServiceAccountMissing",
+            format!(
+                "ServiceAccount {sa} does not exist in {}; celld needs it for bucket access",
+                run.ns
+            ),
+        )));
+    }
+    if run.fleet.spec.profile == Profile::PersistentFleet {
+        let class_name = run
+            .fleet
+            .spec
+            .storage
+            .storage_class_name
+            .clone()
+            .unwrap_or_default();
+        match Api::<StorageClass>::all(client.clone())
+            .get_opt(&class_name)
+            .await
+            .ctx(|| "get storageclasses".into())?
+        {
+            None => {
+                return Ok(Some(Report::blocked(
+                    "StorageClassMissing",
+                    format!("StorageClass {class_name} does not exist"),
+                )))
+            }
+            Some(sc) => {
+                let provisioner_ok = sc.provisioner == "ebs.csi.aws.com"
+                    || (run.ctx.render.local_test && sc.provisioner == "hostpath.csi.k8s.io");
+                let reclaim = sc.reclaim_policy.clone().unwrap_or_else(|| "Delete".into());
+                let binding = sc
+                    .volume_binding_mode
+                    .clone()
+                    .unwrap_or_else(|| "Immediate".into());
+                if !provisioner_ok || reclaim != "Delete" || binding != "WaitForFirstConsumer" {
+                    return Ok(Some(Report::blocked(
+                        "InvalidStorageClass",
+                        format!(
+                            "StorageClass {class_name} needs provisioner ebs.csi.aws.com, reclaimPolicy Delete, \
+                             volumeBindingMode WaitForFirstConsumer (has {}, {reclaim}, {binding})",
+                            sc.provisioner
+                        ),
+                    )));
+                }
+            }
+        }
+    }
+    reservation(run).await
+}
+
+/// The reservation: a plain create arbitrates; AlreadyExists → compare (behavior.md §5).
+async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
+    let api = Api::<CelldStorageReservation>::all(run.ctx.client.clone());
+    let bucket = run.fleet.spec.storage.bucket.clone();
+    let name = CelldStorageReservation::name_for_bucket(&bucket);
+    let mut want = CelldStorageReservation::new(
+        &name,
+        render::reservation_spec(&run.ns, &run.name, &run.uid, &run.fleet.spec),
+    );
+    want.metadata.annotations = Some(
+        [(
+            SPEC_HASH_FORMAT_ANNOTATION.to_string(),
+            SPEC_HASH_FORMAT.to_string(),
+        )]
+        .into(),
+    );
+    let existing = match api.create(&PostParams::default(), &want).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(s)) if s.code == 409 => api
+            .get(&name)
+            .await
+            .ctx(|| format!("reading reservation {name}"))?,
+        Err(e) => return Err(e).ctx(|| format!("creating reservation {name}")),
+    };
+    let have = &existing.spec;
+    // The hash covers `initialReplicas` as recorded at creation, not today's replicas.
+    let hash_matches = match (
+        existing
+            .annotations()
+            .contains_key(SPEC_HASH_FORMAT_ANNOTATION),
+        have.initial_replicas,
+    ) {
+        (true, Some(initial)) => have.spec_hash == render::spec_hash(&run.fleet.spec, initial),
+        // Legacy rule (api.md §3.1): the fleet's own immutability rule fixes the hashed fields.
+        _ => true,
+    };
+    let matches = have.bucket == bucket
+        && have.fleet_namespace == run.ns
+        && have.fleet_name == run.name
+        && have.fleet_uid == run.uid
+        && hash_matches
+        && existing.owner_references().is_empty()
+        && existing.meta().deletion_timestamp.is_none()
+        && have.owner_kind.is_none()
+        && have.prefix.is_none()
+        && have.endpoint.is_none()
+        && have.initialization.is_none();
+    if !matches {
+        return Ok(Some(Report::blocked(
+            "StorageScopeConflict",
+            format!(
+                "Reservation {name} binds bucket {bucket} to a different fleet or configuration; this fleet creates and \
+                 adopts nothing"
+            ),
+        )));
+    }
+    if run
+        .fleet
+        .status
+        .as_ref()
+        .and_then(|s| s.reservation.as_deref())
+        != Some(name.as_str())
+    {
+        let patch = json!({"status": {"reservation": name}});
+        run.fleet = run
+            .api
+            .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .ctx(|| "recording status.reservation".into())?;
+    }
+    Ok(None)
+}
+
+/// Creates a missing object; an existing one must be owned. `repair` replaces a
+/// differing spec (NetworkPolicy, PDB) with the read resourceVersion; otherwise a
+/// difference blocks (Services are verify-only).
+async fn converge_one<K>(
+    run: &Run<'_>,
+    want: K,
+    kind: &str,
+    repair: bool,
+) -> Result<Option<Report>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::namespaced(run.ctx.client.clone(), &run.ns);
+    let name = want.meta().name.clone().unwrap_or_default();
+    let Some(live) = api
+        .get_opt(&name)
+        .await
+        .ctx(|| format!("get {kind} {name}"))?
+    else {
+        match api.create(&PostParams::default(), &want).await {
+            Ok(_) => return Ok(None),
+            // Someone created it meanwhile: the next reconcile checks ownership.
+            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(None),
+            Err(e) => return Err(e).ctx(|| format!("create {kind} {name}")),
+        }
+    };
+    if !owned(&live, &run.uid) || live.meta().deletion_timestamp.is_some() {
+        return Ok(Some(Report::blocked(
+            "InfrastructureBlocked",
+            format!("{kind} {name} exists but is not owned by this fleet (no fleet-uid label {}); it is neither adopted nor changed", run.uid),
+        )));
+    }
+    let want_spec = serde_json::to_value(&want).unwrap_or_default()["spec"].clone();
+    let live_spec = serde_json::to_value(&live).unwrap_or_default()["spec"].clone();
+    if rendered_matches(&want_spec, &live_spec) {
+        return Ok(None);
+    }
+    if !repair {
+        let field =
+            first_difference(&want_spec, &live_spec, "spec").unwrap_or_else(|| "spec".into());
+        return Ok(Some(Report::blocked(
+            "InfrastructureBlocked",
+            format!("{kind} {name} differs from the required shape ({field}); it is not changed"),
+        )));
+    }
+    let mut replacement = want.clone();
+    replacement.meta_mut().resource_version = live.meta().resource_version.clone();
+    api.replace(&name, &PostParams::default(), &replacement)
+        .await
+        .ctx(|| format!("update {kind} {name}"))?;
+    Ok(None)
+}
+
+/// Step 12: NetworkPolicy and PDB converge; Services are verified.
+pub async fn converge(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
+    let f = FleetRef {
+        name: &run.name,
+        namespace: &run.ns,
+        uid: &run.uid,
+        spec: &run.fleet.spec,
+    };
+    let np: NetworkPolicy = render::network_policy(&f, &run.ctx.render);
+    let pdb: PodDisruptionBudget = render::pod_disruption_budget(&f);
+    let svc: Service = render::service(&f);
+    let peers: Service = render::peers_service(&f);
+    if let Some(r) = converge_one(run, np, "NetworkPolicy", true).await? {
+        return Ok(Some(r));
+    }
+    if let Some(r) = converge_one(run, pdb, "PodDisruptionBudget", true).await? {
+        return Ok(Some(r));
+    }
+    if let Some(r) = converge_one(run, svc, "Service", false).await? {
+        return Ok(Some(r));
+    }
+    converge_one(run, peers, "Service", false).await
+}
