@@ -16,7 +16,7 @@ export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
 KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
 
 .PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
-        chart-check test-cluster cluster-up cluster-down demo bench fuzz clean-cluster help
+        chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench fuzz clean-cluster help
 
 all: build
 
@@ -81,13 +81,24 @@ chart-check: control-plane
 
 check: deps fmt-check clippy unit crds-check chart-check
 
+## store-tools: the test object store (s3s-fs 0.14.1, cargo-installed into the cache).
+store-tools:
+	@echo "==> s3s-fs (cached under $(CACHE)/tools)"
+	integration/store/install-s3s.sh >/dev/null
+
+## test-bed: simulator and store proxy against a real s3s-fs (no cluster needed).
+test-bed: store-tools
+	@echo "==> celld simulator and store proxy suites"
+	$(CARGO) test -p celld-sim -p celld-store-proxy
+
 ## test-cluster: the real-cluster suites (starts or reuses the local control plane).
-test-cluster: control-plane
+test-cluster: control-plane store-tools
 	@echo "==> real-cluster suites (logs: $(CLUSTER_DIR)/logs)"
 	$(CARGO) test -p celld-harness -- --test-threads=4
 	$(CARGO) test -p celld-operator --test journal_cluster
+	$(CARGO) test -p celld-test-kubelet
 
-test: check test-cluster
+test: check test-bed test-cluster
 	@echo "==> all tests passed"
 
 test-fast: deps
@@ -103,19 +114,13 @@ cluster-down:
 clean-cluster:
 	integration/cluster/down.sh $(CLUSTER_DIR) --purge
 
-## demo: local control plane, CRDs and the sample fleets.
-demo: cluster-up
-	@echo "==> installing CRDs and sample fleets"
-	$(CARGO) build -q --bin celld-operator
-	$(KUBECTL) apply --server-side --force-conflicts -f crds/
-	$(KUBECTL) wait --for condition=Established crd/celldfleets.celld.eric.dev --timeout 60s
-	$(KUBECTL) apply -f config/samples/
-	$(KUBECTL) get celldfleets -o wide
-	@echo
-	@echo "The control plane keeps running. Use it with:"
-	@echo "  export KUBECONFIG=$(CLUSTER_DIR)/admin.kubeconfig"
-	@echo "  $$(integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl get celldfleets"
-	@echo "Stop it with: make cluster-down"
+## demo: control plane, object store, test kubelet with simulator members, the operator,
+## and the sample fleets; scales and restarts one and prints its journal.
+demo: control-plane store-tools
+	integration/demo.sh up
+
+demo-down:
+	integration/demo.sh down
 
 ## bench: journal benchmarks (criterion); medians are reported in issue notes.
 bench:
