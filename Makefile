@@ -97,6 +97,8 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-harness -- --test-threads=4
 	$(CARGO) test -p celld-operator --test journal_cluster
 	$(CARGO) test -p celld-test-kubelet
+	$(CARGO) build -p celld-test-kubelet
+	$(CARGO) test -p celld-operator --test operator_e2e -- --test-threads=5
 
 test: check test-bed test-cluster
 	@echo "==> all tests passed"

@@ -1,0 +1,701 @@
+//! The operator on the real cluster (issue: reconciler core): the binary runs as a child
+//! process against the local control plane, members run on the test kubelet.
+//!
+//! Members here are no-process Pods (Ready at once): these scenarios check what the
+//! operator writes and decides. Data-level scenarios (ledger, self-fence) run with
+//! simulator members in the test-bed suite.
+//!
+//! The scenarios share one operator Lease and restart the operator for crash drills, so
+//! they run one at a time (a global lock).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{LazyLock, OnceLock};
+use std::time::{Duration, Instant};
+
+use celld_harness::{cluster, Cluster, TestNamespace};
+use celld_operator::api::{CelldFleet, CelldStorageReservation};
+use celld_test_kubelet::launcher::{Options, TestKubelet};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service, ServiceAccount};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{json, Value};
+
+const IMAGE_REPO: &str = "celld.test/noprocess";
+static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+static KUBELET: OnceLock<TestKubelet> = OnceLock::new();
+
+fn image(n: u8) -> String {
+    format!(
+        "{IMAGE_REPO}@sha256:{}",
+        format!("{n:x}")
+            .repeat(64)
+            .chars()
+            .take(64)
+            .collect::<String>()
+    )
+}
+
+fn work_dir() -> PathBuf {
+    cluster()
+        .work_dir
+        .join(format!("operator-e2e-{}", std::process::id()))
+}
+
+fn kubelet() -> &'static TestKubelet {
+    KUBELET.get_or_init(|| {
+        let c = cluster();
+        let binary = celld_test_kubelet::launcher::default_binary()
+            .expect("build it: cargo build -p celld-test-kubelet");
+        let mut opts = Options::new(
+            binary,
+            c.work_dir.join("test-kubelet.kubeconfig"),
+            work_dir().join("kubelet"),
+        );
+        opts.node_prefix = format!("e2e{}", std::process::id() % 10000);
+        opts.nodes = 6;
+        opts.pod_ip_range = "127.50.0.0/16".into();
+        TestKubelet::start(&opts).expect("test kubelet starts")
+    })
+}
+
+/// The operator as a child process; killed when dropped.
+struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn start(fault_point: Option<&str>) -> Self {
+        let c = cluster();
+        let dir = work_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("operator.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
+        cmd.env("KUBECONFIG", &c.admin_kubeconfig)
+            .env("POD_NAME", "celld-operator-e2e")
+            .env("RUST_LOG", "info,celld_operator=debug")
+            .args([
+                "run",
+                "--local-test",
+                "--network-policy-enforced",
+                "--log-format",
+                "plain",
+            ])
+            .args([
+                "--operator-namespace",
+                "celld-e2e",
+                "--health-bind-address",
+                "0",
+            ])
+            .arg("--journal-dir")
+            .arg(dir.join("journal"))
+            .stdout(Stdio::from(file.try_clone().unwrap()))
+            .stderr(Stdio::from(file));
+        if let Some(fp) = fault_point {
+            cmd.arg(format!("--fault-point={fp}"));
+        }
+        Operator {
+            child: cmd.spawn().expect("operator starts"),
+            log,
+        }
+    }
+
+    /// Waits for the process to exit (a failpoint) and returns its exit code.
+    async fn exited(&mut self, within: Duration) -> i32 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "operator did not exit; log: {}",
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
+    let c = cluster();
+    kubelet();
+    let client = c.admin_client().await.unwrap();
+    let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    c.kubectl(&[
+        "create",
+        "namespace",
+        "celld-e2e",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .unwrap();
+    let _ = c.kubectl(&["create", "namespace", "celld-e2e"]);
+    let sc = celld_harness::repo_root().join("config/test-storageclass.yaml");
+    c.kubectl(&["apply", "-f", sc.to_str().unwrap()]).unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    (c, client, ns)
+}
+
+fn fleet(name: &str, profile: &str, replicas: i32, bucket: &str) -> CelldFleet {
+    let mut v = json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+        "metadata": {"name": name},
+        "spec": {"profile": profile, "runtimeImage": image(1), "replicas": replicas, "serviceAccountName": "celld",
+                 "storage": {"bucket": bucket, "region": "us-east-1", "sizeGiB": 1},
+                 "placement": {"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3}}
+    });
+    if profile == "PersistentFleet" {
+        v["spec"]["storage"]["storageClassName"] = json!("celld-test-hostpath");
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+fn unique_bucket(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+/// Polls until `check` returns Some, or fails with the fleet's conditions.
+async fn until<T, F, Fut>(
+    what: &str,
+    secs: u64,
+    api: &Api<CelldFleet>,
+    name: &str,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let f = api.get(name).await.ok();
+            let conditions = f
+                .and_then(|f| f.status)
+                .map(|s| {
+                    s.conditions
+                        .iter()
+                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}; conditions: {conditions:#?}\noperator log: {}",
+                work_dir().join("operator.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn ready(api: &Api<CelldFleet>, name: &str, n: i32) {
+    until(
+        &format!("{name} to have {n} ready members"),
+        120,
+        api,
+        name,
+        || async {
+            let f = api.get(name).await.ok()?;
+            let s = f.status?;
+            let settled = s.current_operation.is_none()
+                && s.ready_replicas == Some(n)
+                && s.applied_replicas == Some(n);
+            settled.then_some(())
+        },
+    )
+    .await
+}
+
+async fn reason(api: &Api<CelldFleet>, name: &str, want: &str) -> String {
+    until(
+        &format!("{name} to report {want}"),
+        60,
+        api,
+        name,
+        || async {
+            let f = api.get(name).await.ok()?;
+            let c = f
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Blocked")?;
+            (c.reason == want).then_some(c.message)
+        },
+    )
+    .await
+}
+
+/// Workload writes the audit log recorded for `ns/name` carrying the effect marker `marker`.
+fn audit_writes(c: &Cluster, ns: &str, resource: &str, name: &str, marker: Option<&str>) -> usize {
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 300)
+        })
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .filter(|e| {
+            e["objectRef"]["namespace"] == ns
+                && e["objectRef"]["resource"] == resource
+                && e["objectRef"]["name"] == name
+        })
+        .filter(|e| e["objectRef"]["subresource"].is_null())
+        .filter(|e| match marker {
+            Some(m) => e["requestObject"]["metadata"]["annotations"]["celld.eric.dev/effect"] == m,
+            None => true,
+        })
+        .count()
+}
+
+fn current_marker(c: &Cluster, ns: &str, name: &str) -> String {
+    c.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "statefulset",
+        name,
+        "-o",
+        "jsonpath={.metadata.annotations.celld\\.eric\\.dev/effect}",
+    ])
+    .unwrap()
+}
+
+async fn claim_uid(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|c| c.uid())
+}
+
+#[tokio::test]
+async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_the_reservation() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("pf").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let bucket = unique_bucket("pf");
+    api.create(
+        &PostParams::default(),
+        &fleet("beta", "PersistentFleet", 3, &bucket),
+    )
+    .await
+    .unwrap();
+    ready(&api, "beta", 3).await;
+
+    // Rendered objects exist and are owned; the reservation binds the bucket.
+    let uid = api.get("beta").await.unwrap().uid().unwrap();
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get("beta")
+        .await
+        .unwrap();
+    assert_eq!(sts.labels()["celld.eric.dev/fleet-uid"], uid);
+    assert!(sts.annotations()["celld.eric.dev/effect"].ends_with("/create"));
+    let peers = Api::<Service>::namespaced(client.clone(), &ns.name)
+        .get("beta-peers")
+        .await
+        .unwrap();
+    assert_eq!(peers.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    c.kubectl(&[
+        "-n",
+        &ns.name,
+        "get",
+        "networkpolicy/beta",
+        "poddisruptionbudget/beta",
+        "service/beta",
+    ])
+    .unwrap();
+    let reservation_name = CelldStorageReservation::name_for_bucket(&bucket);
+    let reservation = Api::<CelldStorageReservation>::all(client.clone())
+        .get(&reservation_name)
+        .await
+        .unwrap();
+    assert_eq!(reservation.spec.fleet_uid, uid);
+
+    // Growth 3→4 on a fresh claim, with exactly one replica write.
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/beta", "--replicas=4"])
+        .unwrap();
+    ready(&api, "beta", 4).await;
+    let grow_marker = current_marker(c, &ns.name, "beta");
+    assert!(grow_marker.ends_with("/replicas"));
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "beta", Some(&grow_marker)),
+        1
+    );
+    let claim3 = claim_uid(&client, &ns.name, "data-beta-3")
+        .await
+        .expect("a fresh claim for ordinal 3");
+
+    // Contraction 4→3 keeps the claim; growing back reattaches the same claim.
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/beta", "--replicas=3"])
+        .unwrap();
+    ready(&api, "beta", 3).await;
+    assert_eq!(
+        claim_uid(&client, &ns.name, "data-beta-3").await,
+        Some(claim3.clone()),
+        "Retain keeps the disk"
+    );
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/beta", "--replicas=4"])
+        .unwrap();
+    ready(&api, "beta", 4).await;
+    assert_eq!(
+        claim_uid(&client, &ns.name, "data-beta-3").await,
+        Some(claim3),
+        "growth reattaches the kept claim"
+    );
+
+    // A restart token is applied once: the template write carries it, status reports it.
+    api.patch(
+        "beta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": "t-1"}}})),
+    )
+    .await
+    .unwrap();
+    until("lastRestartToken t-1", 120, &api, "beta", || async {
+        let s = api.get("beta").await.ok()?.status?;
+        (s.last_restart_token.as_deref() == Some("t-1") && s.current_operation.is_none())
+            .then_some(())
+    })
+    .await;
+    let restart_marker = current_marker(c, &ns.name, "beta");
+    assert!(restart_marker.ends_with("/template"));
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "beta", Some(&restart_marker)),
+        1
+    );
+    let writes_before = audit_writes(c, &ns.name, "statefulsets", "beta", None);
+    drop(_op);
+    for _ in 0..2 {
+        let _again = Operator::start(None);
+        tokio::time::sleep(Duration::from_secs(8)).await;
+    }
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "beta", None),
+        writes_before,
+        "operator restarts after completion cause zero workload writes"
+    );
+
+    // Deletion: workload, claims, prerequisites, finalizer; the reservation stays.
+    let _op = Operator::start(None);
+    api.delete("beta", &Default::default()).await.unwrap();
+    until("the fleet to be gone", 120, &api, "beta", || async {
+        api.get_opt("beta").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(claims.items.is_empty(), "every fleet claim is deleted");
+    assert!(Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get_opt("beta")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(Api::<Service>::namespaced(client.clone(), &ns.name)
+        .get_opt("beta-peers")
+        .await
+        .unwrap()
+        .is_none());
+    let kept = Api::<CelldStorageReservation>::all(client.clone())
+        .get(&reservation_name)
+        .await
+        .unwrap();
+    assert_eq!(
+        kept.spec.fleet_uid, uid,
+        "the reservation stays bound to the deleted fleet"
+    );
+
+    // A same-named new fleet (new UID) cannot reuse the bucket.
+    api.create(
+        &PostParams::default(),
+        &fleet("beta", "PersistentFleet", 3, &bucket),
+    )
+    .await
+    .unwrap();
+    reason(&api, "beta", "StorageScopeConflict").await;
+    ns.delete().await.unwrap();
+}
+
+#[tokio::test]
+async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
+    let _serial = SERIAL.lock().await;
+    let (_c, client, ns) = setup("bk").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    api.create(
+        &PostParams::default(),
+        &fleet("alpha", "Bucket", 3, &unique_bucket("bk")),
+    )
+    .await
+    .unwrap();
+    ready(&api, "alpha", 3).await;
+    api.patch(
+        "alpha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "alpha", 5).await;
+    api.patch(
+        "alpha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "alpha", 3).await;
+    let history = api
+        .get("alpha")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .recent_operations;
+    let scales: Vec<_> = history
+        .iter()
+        .filter(|o| format!("{:?}", o.kind) == "Scale")
+        .collect();
+    assert_eq!(
+        scales.len(),
+        3,
+        "one growth 3→5, then two contractions of one member each: {history:?}"
+    );
+    ns.delete().await.unwrap();
+}
+
+#[tokio::test]
+async fn foreign_objects_are_refused_and_left_untouched() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("foreign").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    // A foreign claim at a member name.
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "data-gamma-0"},
+        "spec": {"accessModes": ["ReadWriteOncePod"], "storageClassName": "celld-test-hostpath",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name);
+    let foreign = claims.create(&PostParams::default(), &claim).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &fleet("gamma", "PersistentFleet", 3, &unique_bucket("fc")),
+    )
+    .await
+    .unwrap();
+    let message = reason(&api, "gamma", "StorageIdentityConflict").await;
+    assert!(message.contains("data-gamma-0"), "{message}");
+    assert!(Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+        .get_opt("gamma")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        claims.get("data-gamma-0").await.unwrap().uid(),
+        foreign.uid(),
+        "the claim is untouched"
+    );
+
+    // A foreign Service at the peers name.
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "delta-peers"},
+        "spec": {"clusterIP": "None", "ports": [{"name": "peer", "port": 8081}]}
+    }))
+    .unwrap();
+    let services = Api::<Service>::namespaced(client.clone(), &ns.name);
+    let before = services.create(&PostParams::default(), &svc).await.unwrap();
+    api.create(
+        &PostParams::default(),
+        &fleet("delta", "Bucket", 3, &unique_bucket("fs")),
+    )
+    .await
+    .unwrap();
+    let message = reason(&api, "delta", "InfrastructureBlocked").await;
+    assert!(message.contains("delta-peers"), "{message}");
+    assert_eq!(
+        services
+            .get("delta-peers")
+            .await
+            .unwrap()
+            .resource_version(),
+        before.resource_version()
+    );
+
+    // A second fleet on the same bucket.
+    let bucket = unique_bucket("shared");
+    api.create(&PostParams::default(), &fleet("one", "Bucket", 3, &bucket))
+        .await
+        .unwrap();
+    ready(&api, "one", 3).await;
+    api.create(&PostParams::default(), &fleet("two", "Bucket", 3, &bucket))
+        .await
+        .unwrap();
+    reason(&api, "two", "StorageScopeConflict").await;
+    assert!(
+        c.kubectl(&["-n", &ns.name, "get", "deployment", "two"])
+            .is_err(),
+        "nothing is created"
+    );
+    ns.delete().await.unwrap();
+}
+
+/// Crash drills (behavior.md §3.3): the operator exits at a failpoint of a Scale and is
+/// restarted; the audit log shows exactly one write per effect marker.
+#[tokio::test]
+async fn scale_drills_issue_each_effect_exactly_once() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("drill").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    {
+        let _op = Operator::start(None);
+        api.create(
+            &PostParams::default(),
+            &fleet("eps", "PersistentFleet", 3, &unique_bucket("dr")),
+        )
+        .await
+        .unwrap();
+        ready(&api, "eps", 3).await;
+    }
+    // Growth and contraction alternate (6 nodes, one member per node).
+    let drills = [
+        ("before-intent", 4),
+        ("after-intent", 5),
+        ("before-effect", 4),
+        ("after-effect", 5),
+        ("before-complete", 4),
+        ("before-effect", 5),
+        ("after-effect", 4),
+    ];
+    for (point, replicas) in drills {
+        let mut op = Operator::start(Some(point));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        c.kubectl(&[
+            "-n",
+            &ns.name,
+            "scale",
+            "celldfleet/eps",
+            &format!("--replicas={replicas}"),
+        ])
+        .unwrap();
+        assert_eq!(
+            op.exited(Duration::from_secs(60)).await,
+            3,
+            "{point}: the failpoint exits with code 3"
+        );
+        drop(op);
+        let _op = Operator::start(None);
+        ready(&api, "eps", replicas).await;
+        let marker = current_marker(c, &ns.name, "eps");
+        assert!(marker.ends_with("/replicas"), "{point}: {marker}");
+        assert_eq!(
+            audit_writes(c, &ns.name, "statefulsets", "eps", Some(&marker)),
+            1,
+            "{point}: exactly one write for {marker}"
+        );
+    }
+    let target = format!("{}/eps", ns.name);
+    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
+        .env("KUBECONFIG", &c.admin_kubeconfig)
+        .args(["journal", "verify", &target])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "journal verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    ns.delete().await.unwrap();
+}
+
+/// Pause while an operation is in Intent cancels it before issue; no workload write.
+#[tokio::test]
+async fn pause_cancels_an_operation_still_in_intent() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("pause").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    {
+        let _op = Operator::start(None);
+        api.create(
+            &PostParams::default(),
+            &fleet("zeta", "PersistentFleet", 3, &unique_bucket("pz")),
+        )
+        .await
+        .unwrap();
+        ready(&api, "zeta", 3).await;
+    }
+    let writes = audit_writes(c, &ns.name, "statefulsets", "zeta", None);
+    let mut op = Operator::start(Some("after-intent"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=4"])
+        .unwrap();
+    assert_eq!(op.exited(Duration::from_secs(60)).await, 3);
+    drop(op);
+    api.patch(
+        "zeta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
+    )
+    .await
+    .unwrap();
+    let _op = Operator::start(None);
+    let outcome = until("the Scale to be canceled", 60, &api, "zeta", || async {
+        let s = api.get("zeta").await.ok()?.status?;
+        s.recent_operations
+            .first()
+            .filter(|o| format!("{:?}", o.kind) == "Scale")
+            .map(|o| o.outcome.clone())
+    })
+    .await;
+    assert_eq!(outcome, "CanceledBeforeIssue");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "zeta", None),
+        writes,
+        "no workload write while paused"
+    );
+    reason(&api, "zeta", "MaintenancePaused").await;
+    // Unpausing resumes: the growth is planned again and completes.
+    api.patch(
+        "zeta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"paused": false}}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "zeta", 4).await;
+    ns.delete().await.unwrap();
+}
