@@ -150,6 +150,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             lease_transitions: leadership.transitions() as u32,
         },
         leadership: Some(leadership.clone()),
+        recorder: Some(kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "celld-operator".into(),
+                instance: Some(identity.clone()),
+            },
+        )),
     });
     tracing::info!(identity, "leader: reconciling fleets");
     ready.store(true, Ordering::SeqCst);

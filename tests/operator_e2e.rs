@@ -493,6 +493,25 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
         3,
         "one growth 3→5, then two contractions of one member each: {history:?}"
     );
+    // One Event per journal entry, reason by entry type, the operation id in the note.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    let intents: Vec<_> = events
+        .items
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("OperationIntent"))
+        .collect();
+    assert_eq!(intents.len(), 4, "Provision and three Scales");
+    let scale_id = &scales[0].id;
+    assert!(events
+        .items
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("OperationCompleted")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains(scale_id.as_str()))));
     ns.delete().await.unwrap();
 }
 

@@ -46,6 +46,8 @@ pub struct Ctx {
     pub leader: Leader,
     /// Leadership of this process (`None`: a single replica without election, tests only).
     pub leadership: Option<crate::leader::Leadership>,
+    /// Publishes one Event per journal entry (`None`: no Events, e.g. in unit tests).
+    pub recorder: Option<kube::runtime::events::Recorder>,
 }
 
 impl Ctx {
@@ -171,7 +173,45 @@ impl Run<'_> {
         );
         self.fleet = committed.fleet;
         self.journal = committed.journal;
+        self.publish(&committed.entry).await;
         Ok(committed.entry)
+    }
+
+    /// One Event per journal entry (behavior.md §14): stable reason, the operation id in
+    /// the note. Best effort: an Event that cannot be written is logged, never retried
+    /// into a second journal write.
+    async fn publish(&self, entry: &Entry) {
+        use kube::runtime::events::{Event, EventType};
+        let Some(recorder) = &self.ctx.recorder else {
+            return;
+        };
+        let kind = entry.entry_type();
+        let op_kind = self
+            .journal
+            .fold()
+            .operation(entry.op())
+            .map(|o| o.kind().to_string())
+            .unwrap_or_default();
+        let event = Event {
+            type_: if kind.event_is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: kind.event_reason().into(),
+            note: Some(format!(
+                "{op_kind} {}: {}",
+                entry.op(),
+                journal::audit::entry_detail(entry)
+            )),
+            // The recorder folds events with equal (type, reason, action, regarding) into a
+            // series; the entry's seq in the action keeps one Event per journal entry.
+            action: format!("{kind:?}-{}", entry.seq()),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing the journal Event failed");
+        }
     }
 
     /// Pods with the fleet label (fresh list).
