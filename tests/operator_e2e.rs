@@ -68,7 +68,15 @@ struct Operator {
 
 impl Operator {
     fn start(fault_point: Option<&str>) -> Self {
-        let c = cluster();
+        Self::start_as(fault_point, &cluster().admin_kubeconfig, "celld-e2e")
+    }
+
+    /// Starts the operator with `kubeconfig` (e.g. one impersonating the chart's ServiceAccount).
+    fn start_as(
+        fault_point: Option<&str>,
+        kubeconfig: &std::path::Path,
+        operator_ns: &str,
+    ) -> Self {
         let dir = work_dir();
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("operator.log");
@@ -78,7 +86,7 @@ impl Operator {
             .open(&log)
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
-        cmd.env("KUBECONFIG", &c.admin_kubeconfig)
+        cmd.env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", "celld-operator-e2e")
             .env("RUST_LOG", "info,celld_operator=debug")
             .args([
@@ -90,7 +98,7 @@ impl Operator {
             ])
             .args([
                 "--operator-namespace",
-                "celld-e2e",
+                operator_ns,
                 "--health-bind-address",
                 "0",
             ])
@@ -716,5 +724,104 @@ async fn pause_cancels_an_operation_still_in_intent() {
     .await
     .unwrap();
     ready(&api, "zeta", 4).await;
+    ns.delete().await.unwrap();
+}
+
+/// The Helm chart's RBAC is enough: the operator authenticated as the chart's
+/// ServiceAccount (impersonation) runs a PersistentFleet through growth, contraction,
+/// restart and deletion in a listed namespace, and reports NamespaceAccessDenied in an
+/// unlisted one.
+#[tokio::test]
+async fn the_chart_service_account_is_enough_to_run_a_fleet() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("chart").await;
+    let other = TestNamespace::create(&client, "unlisted").await.unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &other.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let chart = celld_harness::repo_root().join("helm/celld-operator");
+    let listed = format!("fleetNamespaces={{{}}}", ns.name);
+    c.helm(&[
+        "upgrade",
+        "--install",
+        "celld-operator",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "celld-system",
+        "--create-namespace",
+        "--set",
+        &listed,
+        "--set",
+        "networkPolicyEnforced=true",
+    ])
+    .unwrap();
+    // A kubeconfig that authenticates as admin and acts as the chart's ServiceAccount.
+    let text = std::fs::read_to_string(&c.admin_kubeconfig).unwrap();
+    let mut kc: Value = serde_yaml::from_str(&text).unwrap();
+    kc["users"][0]["user"]["as"] = json!("system:serviceaccount:celld-system:celld-operator");
+    std::fs::create_dir_all(work_dir()).unwrap();
+    let kubeconfig = work_dir().join("chart-sa.kubeconfig");
+    std::fs::write(&kubeconfig, serde_yaml::to_string(&kc).unwrap()).unwrap();
+    let _op = Operator::start_as(None, &kubeconfig, "celld-system");
+
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let theta = fleet("theta", "PersistentFleet", 3, &unique_bucket("ch"));
+    api.create(&PostParams::default(), &theta).await.unwrap();
+    ready(&api, "theta", 3).await;
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/theta", "--replicas=4"])
+        .unwrap();
+    ready(&api, "theta", 4).await;
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/theta", "--replicas=3"])
+        .unwrap();
+    ready(&api, "theta", 3).await;
+    let token = json!({"spec": {"maintenance": {"restartToken": "sa-1"}}});
+    api.patch("theta", &PatchParams::default(), &Patch::Merge(token))
+        .await
+        .unwrap();
+    until("lastRestartToken sa-1", 120, &api, "theta", || async {
+        let s = api.get("theta").await.ok()?.status?;
+        (s.last_restart_token.as_deref() == Some("sa-1") && s.current_operation.is_none())
+            .then_some(())
+    })
+    .await;
+    // Every workload write was made as the ServiceAccount.
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap();
+    let users: std::collections::BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["objectRef"]["namespace"] == ns.name.as_str()
+                && e["objectRef"]["resource"] == "statefulsets"
+        })
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .map(|e| {
+            e["impersonatedUser"]["username"]
+                .as_str()
+                .unwrap_or("(not impersonated)")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        users.into_iter().collect::<Vec<_>>(),
+        ["system:serviceaccount:celld-system:celld-operator"]
+    );
+    api.delete("theta", &Default::default()).await.unwrap();
+    until("theta to be gone", 120, &api, "theta", || async {
+        api.get_opt("theta").await.ok()?.is_none().then_some(())
+    })
+    .await;
+
+    // A namespace without the Role: NamespaceAccessDenied with what to do.
+    let denied: Api<CelldFleet> = Api::namespaced(client.clone(), &other.name);
+    let iota = fleet("iota", "Bucket", 3, &unique_bucket("un"));
+    denied.create(&PostParams::default(), &iota).await.unwrap();
+    let message = reason(&denied, "iota", "NamespaceAccessDenied").await;
+    assert!(
+        message.contains(&other.name) && message.contains("fleetNamespaces"),
+        "{message}"
+    );
     ns.delete().await.unwrap();
 }

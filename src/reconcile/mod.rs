@@ -311,15 +311,16 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     {
         return Ok(Next::Later);
     }
-    let live = workload::get(
-        &ctx.client,
-        &run.ns,
-        &run.name,
-        crate::render::uses_statefulset(&run.fleet.spec),
-    )
-    .await
-    .ctx(|| "reading the workload".into())?;
-    let pods = run.pods().await?;
+    // Without the namespace Role nothing there can be read: report from the fleet alone.
+    let (live, pods) = if report.reason == "NamespaceAccessDenied" {
+        (None, Vec::new())
+    } else {
+        let sts = crate::render::uses_statefulset(&run.fleet.spec);
+        let live = workload::get(&ctx.client, &run.ns, &run.name, sts)
+            .await
+            .ctx(|| "reading the workload".into())?;
+        (live, run.pods().await?)
+    };
     status::write(
         &run.api,
         &run.fleet,
