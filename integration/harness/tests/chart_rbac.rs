@@ -202,12 +202,30 @@ async fn chart_grants_exactly_what_the_operator_needs() {
         std::fs::read_to_string(repo_root().join("config/samples/bucket-fleet.yaml")).unwrap();
     let fleet: CelldFleet = serde_yaml::from_str(&sample).unwrap();
     fleets.create(&PostParams::default(), &fleet).await.unwrap();
+    let reservations = Api::<CelldStorageReservation>::all(admin.clone());
+    let bucket = format!("chart-{}", &listed.name);
+    let reservation_name = CelldStorageReservation::name_for_bucket(&bucket);
+    let reservation: CelldStorageReservation = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldStorageReservation",
+        "metadata": {"name": reservation_name},
+        "spec": {"bucket": bucket, "fleetNamespace": listed.name, "fleetName": "alpha",
+                 "fleetUID": "uid-1", "specHash": "a".repeat(64)}
+    }))
+    .unwrap();
+    reservations
+        .create(&PostParams::default(), &reservation)
+        .await
+        .unwrap();
     cluster
         .helm(&["uninstall", "celld-operator", "--namespace", OPERATOR_NS])
         .unwrap();
     assert!(
         fleets.get("alpha").await.is_ok(),
         "helm uninstall must leave fleets alone"
+    );
+    assert!(
+        reservations.get(&reservation_name).await.is_ok(),
+        "helm uninstall must leave reservations alone"
     );
     let crds = cluster
         .kubectl(&["get", "crd", "celldfleets.celld.eric.dev", "-o", "name"])
