@@ -825,3 +825,69 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     );
     ns.delete().await.unwrap();
 }
+
+/// Ordered Bucket fleets: the zone gate pins ordinal n to zones[n mod 3]; contraction
+/// removes exactly the highest ordinal.
+#[tokio::test]
+async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
+    let _serial = SERIAL.lock().await;
+    let (_c, client, ns) = setup("ord").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let mut f = fleet("kappa", "Bucket", 3, &unique_bucket("ord"));
+    f.spec.bucket_workload = celld_operator::api::BucketWorkload::Ordered;
+    api.create(&PostParams::default(), &f).await.unwrap();
+    ready(&api, "kappa", 3).await;
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
+    let mut uids = Vec::new();
+    for (i, zone) in ["us-east-1a", "us-east-1b", "us-east-1c"]
+        .iter()
+        .enumerate()
+    {
+        let pod = pods.get(&format!("kappa-{i}")).await.unwrap();
+        let spec = pod.spec.clone().unwrap();
+        assert_eq!(
+            spec.node_selector.unwrap()["topology.kubernetes.io/zone"],
+            *zone
+        );
+        assert!(
+            spec.scheduling_gates.unwrap_or_default().is_empty(),
+            "the gate is released"
+        );
+        uids.push(pod.uid());
+    }
+    // Contraction needs replicas ≥ azCount: grow to 4 first, then remove the highest ordinal.
+    api.patch(
+        "kappa",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 4}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "kappa", 4).await;
+    let fourth = pods.get("kappa-3").await.unwrap();
+    assert_eq!(
+        fourth.spec.unwrap().node_selector.unwrap()["topology.kubernetes.io/zone"],
+        "us-east-1a"
+    );
+    api.patch(
+        "kappa",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "kappa", 3).await;
+    assert!(
+        pods.get_opt("kappa-3").await.unwrap().is_none(),
+        "the highest ordinal is removed"
+    );
+    for (i, uid) in uids.iter().enumerate() {
+        assert_eq!(
+            &pods.get(&format!("kappa-{i}")).await.unwrap().uid(),
+            uid,
+            "kappa-{i} is untouched"
+        );
+    }
+    ns.delete().await.unwrap();
+}

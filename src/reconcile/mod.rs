@@ -13,6 +13,7 @@ mod plan;
 mod prereq;
 mod status;
 pub mod workload;
+mod zone_gate;
 
 use std::time::Duration;
 
@@ -372,6 +373,10 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     prereq::ensure_finalizer(run).await?;
     // 8. Gates.
     if let Some(report) = prereq::gates(run).await? {
+        return Ok(report);
+    }
+    // 9. Zone gates of Ordered Bucket Pods, even while paused.
+    if let Some(report) = zone_gate::release(run).await? {
         return Ok(report);
     }
     // 10. Drive the open operation (also while paused once issued).

@@ -6,7 +6,7 @@
 //! applied its defaults.
 
 mod infra;
-mod pod;
+pub mod pod;
 mod reservation;
 mod workload;
 
