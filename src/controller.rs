@@ -44,31 +44,29 @@ fn bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
     Ok(Some(full.parse().map_err(|e| anyhow::anyhow!("{s}: {e}"))?))
 }
 
-/// `/livez` (always 200) and `/readyz` (200 once the controller runs as leader).
-async fn serve_health(addr: SocketAddr, ready: Arc<AtomicBool>) -> anyhow::Result<()> {
+/// A minimal HTTP/1.1 responder: `route(path)` gives the 200 body, `None` is a 503 for
+/// `/readyz` and a 404 elsewhere.
+async fn serve<F>(addr: SocketAddr, route: F) -> anyhow::Result<()>
+where
+    F: Fn(&str) -> Option<String> + Send + Sync + 'static,
+{
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    let route = Arc::new(route);
     loop {
         let (mut sock, _) = listener.accept().await?;
-        let ready = ready.clone();
+        let route = route.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 1024];
             let n = sock.read(&mut buf).await.unwrap_or(0);
             let req = String::from_utf8_lossy(&buf[..n]);
-            let path = req.split_whitespace().nth(1).unwrap_or("/");
-            let ok = match path {
-                "/livez" => true,
-                "/readyz" => ready.load(Ordering::SeqCst),
-                _ => false,
-            };
-            let (status, body) = if ok {
-                ("200 OK", "ok")
-            } else if path == "/readyz" {
-                ("503 Service Unavailable", "not ready")
-            } else {
-                ("404 Not Found", "not found")
+            let path = req.split_whitespace().nth(1).unwrap_or("/").to_string();
+            let (status, body) = match route(&path) {
+                Some(body) => ("200 OK", body),
+                None if path == "/readyz" => ("503 Service Unavailable", "not ready".to_string()),
+                None => ("404 Not Found", "not found".to_string()),
             };
             let resp = format!(
-                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = sock.write_all(resp.as_bytes()).await;
@@ -103,10 +101,29 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_else(|| "celld-operator".into());
     let ready = Arc::new(AtomicBool::new(false));
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    if let Some(addr) = bind_address(&args.metrics_bind_address)? {
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(addr, move |path| match path {
+                "/metrics" => Some(metrics.encode()),
+                _ => None,
+            })
+            .await
+            {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
     if let Some(addr) = bind_address(&args.health_bind_address)? {
         let ready = ready.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_health(addr, ready).await {
+            let health = move |path: &str| match path {
+                "/livez" => Some("ok".to_string()),
+                "/readyz" if ready.load(Ordering::SeqCst) => Some("ok".to_string()),
+                _ => None,
+            };
+            if let Err(e) = serve(addr, health).await {
                 tracing::error!(error = %e, "health endpoint failed");
             }
         });
@@ -150,6 +167,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             lease_transitions: leadership.transitions() as u32,
         },
         leadership: Some(leadership.clone()),
+        metrics: metrics.clone(),
+        seen: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {
@@ -159,6 +178,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )),
     });
     tracing::info!(identity, "leader: reconciling fleets");
+    metrics.leader.set(1);
     ready.store(true, Ordering::SeqCst);
     let fleets: Api<CelldFleet> = Api::all(client);
     let controller = Controller::new(fleets, watcher::Config::default())
@@ -171,7 +191,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 let span = tracing::info_span!("reconcile", fleet = %format!("{ns}/{name}"));
                 let _enter = span.enter();
                 ctx.check_lease();
-                let next = reconcile::reconcile(&ns, &name, &ctx).await?;
+                let started = std::time::Instant::now();
+                let result = reconcile::reconcile(&ns, &name, &ctx).await;
+                ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+                if let Err(e) = &result {
+                    ctx.metrics
+                        .reconcile_errors
+                        .get_or_create(&crate::metrics::ReasonLabels { reason: e.category().into() })
+                        .inc();
+                }
+                let next = result?;
                 Ok::<_, reconcile::Error>(match next {
                     Next::Soon => Action::requeue(reconcile::SOON),
                     Next::Later => Action::requeue(reconcile::LATER + jitter(&fleet.uid().unwrap_or_default())),

@@ -37,6 +37,25 @@ fn image(n: u8) -> String {
     )
 }
 
+/// Where the operator under test serves /metrics.
+fn metrics_addr() -> String {
+    format!("127.0.0.1:{}", 20000 + std::process::id() % 20000)
+}
+
+/// GET /metrics from the operator under test (plain HTTP/1.1 over loopback).
+async fn scrape() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(metrics_addr())
+        .await
+        .expect("metrics endpoint");
+    sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    out
+}
+
 fn work_dir() -> PathBuf {
     cluster()
         .work_dir
@@ -102,6 +121,7 @@ impl Operator {
                 "--health-bind-address",
                 "0",
             ])
+            .arg(format!("--metrics-bind-address={}", metrics_addr()))
             .arg("--journal-dir")
             .arg(dir.join("journal"))
             .stdout(Stdio::from(file.try_clone().unwrap()))
@@ -501,6 +521,20 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
         3,
         "one growth 3→5, then two contractions of one member each: {history:?}"
     );
+    // Fleet gauges and journal counters on /metrics.
+    let text = scrape().await;
+    let labels = format!("namespace=\"{}\",fleet=\"alpha\"", ns.name);
+    assert!(
+        text.contains(&format!("celld_fleet_ready_replicas{{{labels}}} 3")),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "celld_journal_appends_total{{{labels},type=\"Intent\"}} 4"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("celld_operator_leader 1"), "{text}");
     // One Event per journal entry, reason by entry type, the operation id in the note.
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
         .list(&ListParams::default())

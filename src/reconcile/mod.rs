@@ -49,6 +49,10 @@ pub struct Ctx {
     pub leadership: Option<crate::leader::Leadership>,
     /// Publishes one Event per journal entry (`None`: no Events, e.g. in unit tests).
     pub recorder: Option<kube::runtime::events::Recorder>,
+    /// Prometheus metrics.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Fleets reconciled since this process started (to count replays of open operations).
+    pub seen: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Ctx {
@@ -174,6 +178,15 @@ impl Run<'_> {
         );
         self.fleet = committed.fleet;
         self.journal = committed.journal;
+        self.ctx
+            .metrics
+            .appends
+            .get_or_create(&crate::metrics::EntryLabels {
+                namespace: self.ns.clone(),
+                fleet: self.name.clone(),
+                r#type: format!("{:?}", committed.entry.entry_type()),
+            })
+            .inc();
         self.publish(&committed.entry).await;
         Ok(committed.entry)
     }
@@ -267,6 +280,11 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         .await
         .ctx(|| format!("reading fleet {ns}/{name}"))?
     else {
+        // Gone: its metric series go with it.
+        ctx.metrics.forget_fleet(&crate::metrics::FleetLabels {
+            namespace: ns.to_string(),
+            fleet: name.to_string(),
+        });
         return Ok(Next::Later);
     };
     let uid = fleet.uid().unwrap_or_default();
@@ -322,7 +340,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
             .ctx(|| "reading the workload".into())?;
         (live, run.pods().await?)
     };
-    status::write(
+    let status = status::write(
         &run.api,
         &run.fleet,
         Some(&run.journal),
@@ -331,6 +349,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         &report,
     )
     .await?;
+    record_metrics(&run, &status);
     Ok(
         if report.class == Class::Done && run.journal.fold().current().is_none() {
             Next::Later
@@ -342,7 +361,75 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
 
 use kube::Resource;
 
+/// Fleet and journal gauges from the status just computed (behavior.md §15).
+fn record_metrics(run: &Run<'_>, st: &crate::api::CelldFleetStatus) {
+    let m = &run.ctx.metrics;
+    let l = crate::metrics::FleetLabels {
+        namespace: run.ns.clone(),
+        fleet: run.name.clone(),
+    };
+    m.desired
+        .get_or_create(&l)
+        .set(i64::from(st.desired_replicas.unwrap_or(0)));
+    m.applied
+        .get_or_create(&l)
+        .set(i64::from(st.applied_replicas.unwrap_or(0)));
+    m.observed
+        .get_or_create(&l)
+        .set(i64::from(st.observed_replicas.unwrap_or(0)));
+    m.ready
+        .get_or_create(&l)
+        .set(i64::from(st.ready_replicas.unwrap_or(0)));
+    m.joining
+        .get_or_create(&l)
+        .set(i64::from(st.joining_replicas.unwrap_or(0)));
+    m.terminating
+        .get_or_create(&l)
+        .set(i64::from(st.terminating_replicas.unwrap_or(0)));
+    m.observation_valid
+        .get_or_create(&l)
+        .set(i64::from(st.replica_observation_valid.unwrap_or(false)));
+    let blocked_since = st
+        .blocked_since
+        .as_deref()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+    m.blocked
+        .get_or_create(&l)
+        .set(i64::from(blocked_since.is_some()));
+    m.blocked_age.get_or_create(&l).set(
+        blocked_since
+            .map(|t| (Utc::now() - t.with_timezone(&Utc)).num_seconds())
+            .unwrap_or(0),
+    );
+    let p = run.journal.projection(run.ctx.budget);
+    m.open_operations
+        .get_or_create(&l)
+        .set(p.open_operations as i64);
+    m.stalled_operations
+        .get_or_create(&l)
+        .set(p.stalled_operations as i64);
+    m.journal_bytes.get_or_create(&l).set(p.journal.bytes);
+}
+
 async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
+    // An operation found open by this process's first look is a replay (after a restart or
+    // a leader change): it is resumed, never re-planned.
+    let first_look = run
+        .ctx
+        .seen
+        .lock()
+        .map(|mut s| s.insert(run.uid.clone()))
+        .unwrap_or(false);
+    if first_look && run.journal.fold().current().is_some() {
+        run.ctx
+            .metrics
+            .replays
+            .get_or_create(&crate::metrics::FleetLabels {
+                namespace: run.ns.clone(),
+                fleet: run.name.clone(),
+            })
+            .inc();
+    }
     // 3. Consume a journal command in any state.
     if let Some(value) = run
         .fleet

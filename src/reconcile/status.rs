@@ -118,7 +118,7 @@ pub async fn write(
     pods: &[Pod],
     live: Option<&LiveWorkload>,
     report: &Report,
-) -> Result<(), Error> {
+) -> Result<CelldFleetStatus, Error> {
     let old = fleet.status.clone().unwrap_or_default();
     let generation = fleet.metadata.generation;
     let uid = fleet.uid().unwrap_or_default();
@@ -311,7 +311,7 @@ pub async fn write(
     };
     st.conditions = conditions;
     if st == old {
-        return Ok(());
+        return Ok(st);
     }
     // A merge patch only removes keys it names as null: clear what the projection dropped.
     let mut status = serde_json::to_value(&st).unwrap_or_default();
@@ -332,8 +332,8 @@ pub async fn write(
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Ok(_) => Ok(st),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(st),
         Err(e) => Err(e).ctx(|| "writing status".into()),
     }
 }
