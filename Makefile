@@ -97,6 +97,7 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-harness -- --test-threads=4
 	$(CARGO) test -p celld-operator --test journal_cluster
 	$(CARGO) test -p celld-test-kubelet
+	$(CARGO) test -p celld-testbed
 	$(CARGO) build -p celld-test-kubelet
 	$(CARGO) test -p celld-operator --test operator_e2e -- --test-threads=5
 

@@ -96,7 +96,17 @@ impl Operator {
         kubeconfig: &std::path::Path,
         operator_ns: &str,
     ) -> Self {
-        let dir = work_dir();
+        Self::start_replica(fault_point, kubeconfig, operator_ns, "celld-operator-e2e")
+    }
+
+    /// One replica with its own identity, log and journal mirror.
+    fn start_replica(
+        fault_point: Option<&str>,
+        kubeconfig: &std::path::Path,
+        operator_ns: &str,
+        identity: &str,
+    ) -> Self {
+        let dir = work_dir().join(identity);
         std::fs::create_dir_all(&dir).unwrap();
         let log = dir.join("operator.log");
         let file = std::fs::OpenOptions::new()
@@ -106,7 +116,7 @@ impl Operator {
             .unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
         cmd.env("KUBECONFIG", kubeconfig)
-            .env("POD_NAME", "celld-operator-e2e")
+            .env("POD_NAME", identity)
             .env("RUST_LOG", "info,celld_operator=debug")
             .args([
                 "run",
@@ -156,6 +166,23 @@ impl Drop for Operator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Deletes a test namespace and waits until it is gone, while the operator still runs,
+/// so no fleet of this test is left for a later test's operator (failpoints count every
+/// fleet's boundaries).
+async fn cleanup(client: &Client, ns: TestNamespace) {
+    let name = ns.name.clone();
+    ns.delete().await.unwrap();
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while namespaces.get_opt(&name).await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {name} was not deleted within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
@@ -236,7 +263,7 @@ where
                 .unwrap_or_default();
             panic!(
                 "timed out waiting for {what}; conditions: {conditions:#?}\noperator log: {}",
-                work_dir().join("operator.log").display()
+                work_dir().join("*/operator.log").display()
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -473,7 +500,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     .await
     .unwrap();
     reason(&api, "beta", "StorageScopeConflict").await;
-    ns.delete().await.unwrap();
+    cleanup(&client, ns).await;
 }
 
 #[tokio::test]
@@ -554,7 +581,7 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
             && e.note
                 .as_deref()
                 .is_some_and(|n| n.contains(scale_id.as_str()))));
-    ns.delete().await.unwrap();
+    cleanup(&client, ns).await;
 }
 
 #[tokio::test]
@@ -631,7 +658,7 @@ async fn foreign_objects_are_refused_and_left_untouched() {
             .is_err(),
         "nothing is created"
     );
-    ns.delete().await.unwrap();
+    cleanup(&client, ns).await;
 }
 
 /// Crash drills (behavior.md §3.3): the operator exits at a failpoint of a Scale and is
@@ -699,7 +726,8 @@ async fn scale_drills_issue_each_effect_exactly_once() {
         "journal verify: {}",
         String::from_utf8_lossy(&out.stdout)
     );
-    ns.delete().await.unwrap();
+    let _op = Operator::start(None); // deletion needs a running operator
+    cleanup(&client, ns).await;
 }
 
 /// Pause while an operation is in Intent cancels it before issue; no workload write.
@@ -758,7 +786,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     .await
     .unwrap();
     ready(&api, "zeta", 4).await;
-    ns.delete().await.unwrap();
+    cleanup(&client, ns).await;
 }
 
 /// The Helm chart's RBAC is enough: the operator authenticated as the chart's
@@ -857,7 +885,15 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
         message.contains(&other.name) && message.contains("fleetNamespaces"),
         "{message}"
     );
-    ns.delete().await.unwrap();
+    // The operator cannot act there, so the test removes the finalizer it added.
+    let release = json!({"metadata": {"finalizers": null}});
+    denied.delete("iota", &Default::default()).await.unwrap();
+    denied
+        .patch("iota", &PatchParams::default(), &Patch::Merge(release))
+        .await
+        .unwrap();
+    cleanup(&client, other).await;
+    cleanup(&client, ns).await;
 }
 
 /// Ordered Bucket fleets: the zone gate pins ordinal n to zones[n mod 3]; contraction
@@ -923,5 +959,83 @@ async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
             "kappa-{i} is untouched"
         );
     }
-    ns.delete().await.unwrap();
+    cleanup(&client, ns).await;
+}
+
+/// Two replicas (behavior.md §1, scenario 27): only the Lease holder writes; the holder
+/// dies right after issuing an Upgrade's template write (before recording it), the standby
+/// takes the Lease, finds the effect marker in the world, records it as replayed and
+/// completes the operation without writing again.
+#[tokio::test]
+async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("ha").await;
+    let admin = c.admin_kubeconfig.clone();
+    let _ = c.kubectl(&["create", "namespace", "celld-e2e-ha"]);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let mut a =
+        Operator::start_replica(Some("after-effect:2"), &admin, "celld-e2e-ha", "replica-a");
+    api.create(
+        &PostParams::default(),
+        &fleet("lam", "PersistentFleet", 3, &unique_bucket("ha")),
+    )
+    .await
+    .unwrap();
+    ready(&api, "lam", 3).await; // Provision's create was the first after-effect
+    let _b = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-b");
+    let upgrade = json!({"spec": {"runtimeImage": image(2)}});
+    api.patch("lam", &PatchParams::default(), &Patch::Merge(upgrade))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.exited(Duration::from_secs(60)).await,
+        3,
+        "replica-a dies after the template write"
+    );
+    until(
+        "the upgrade to complete under replica-b",
+        120,
+        &api,
+        "lam",
+        || async {
+            let s = api.get("lam").await.ok()?.status?;
+            let done = s.current_operation.is_none()
+                && s.recent_operations
+                    .first()
+                    .is_some_and(|o| format!("{:?}", o.kind) == "Upgrade");
+            done.then_some(())
+        },
+    )
+    .await;
+    let marker = current_marker(c, &ns.name, "lam");
+    assert!(marker.ends_with("/template"), "{marker}");
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "lam", Some(&marker)),
+        1,
+        "one template write"
+    );
+    let journal = celld_operator::journal_store::load(&api.get("lam").await.unwrap()).unwrap();
+    let op = marker.split('/').next().unwrap().to_string();
+    let entries: Vec<_> = journal
+        .entries()
+        .iter()
+        .filter(|e| e.op().to_string() == op)
+        .collect();
+    let intent_by = entries[0].leader().identity.clone();
+    let issued = entries
+        .iter()
+        .find(|e| format!("{:?}", e.entry_type()) == "Issued")
+        .unwrap();
+    assert_eq!(intent_by, "replica-a");
+    assert_eq!(
+        issued.leader().identity,
+        "replica-b",
+        "the standby recorded the effect"
+    );
+    assert!(
+        journal::audit::entry_detail(issued).contains("replayed"),
+        "{}",
+        journal::audit::entry_detail(issued)
+    );
+    cleanup(&client, ns).await;
 }
