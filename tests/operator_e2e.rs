@@ -9,10 +9,11 @@
 //! they run one at a time (a global lock).
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
+use celld_harness::operator::{OperatorOptions, OperatorProcess};
 use celld_harness::{cluster, Cluster, TestNamespace};
 use celld_operator::api::{CelldFleet, CelldStorageReservation};
 use celld_test_kubelet::launcher::{Options, TestKubelet};
@@ -79,14 +80,11 @@ fn kubelet() -> &'static TestKubelet {
     })
 }
 
-/// The operator as a child process; killed when dropped.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
+/// The operator under test (see `celld_harness::operator`).
+struct Operator;
 
 impl Operator {
-    fn start(fault_point: Option<&str>) -> Self {
+    fn start(fault_point: Option<&str>) -> OperatorProcess {
         Self::start_as(fault_point, &cluster().admin_kubeconfig, "celld-e2e")
     }
 
@@ -95,7 +93,7 @@ impl Operator {
         fault_point: Option<&str>,
         kubeconfig: &std::path::Path,
         operator_ns: &str,
-    ) -> Self {
+    ) -> OperatorProcess {
         Self::start_replica(fault_point, kubeconfig, operator_ns, "celld-operator-e2e")
     }
 
@@ -105,85 +103,24 @@ impl Operator {
         kubeconfig: &std::path::Path,
         operator_ns: &str,
         identity: &str,
-    ) -> Self {
-        let dir = work_dir().join(identity);
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("operator.log");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
-        cmd.env("KUBECONFIG", kubeconfig)
-            .env("POD_NAME", identity)
-            .env("RUST_LOG", "info,celld_operator=debug")
-            .args([
-                "run",
-                "--local-test",
-                "--network-policy-enforced",
-                "--log-format",
-                "plain",
-            ])
-            .args([
-                "--operator-namespace",
-                operator_ns,
-                "--health-bind-address",
-                "0",
-            ])
-            .arg(format!("--metrics-bind-address={}", metrics_addr()))
-            .arg("--journal-dir")
-            .arg(dir.join("journal"))
-            .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file));
-        if let Some(fp) = fault_point {
-            cmd.arg(format!("--fault-point={fp}"));
-        }
-        Operator {
-            child: cmd.spawn().expect("operator starts"),
-            log,
-        }
-    }
-
-    /// Waits for the process to exit (a failpoint) and returns its exit code.
-    async fn exited(&mut self, within: Duration) -> i32 {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(
-                Instant::now() < deadline,
-                "operator did not exit; log: {}",
-                self.log.display()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    ) -> OperatorProcess {
+        OperatorProcess::start(&OperatorOptions {
+            binary: env!("CARGO_BIN_EXE_celld-operator").into(),
+            kubeconfig: kubeconfig.into(),
+            operator_namespace: operator_ns.into(),
+            identity: identity.into(),
+            work_dir: work_dir(),
+            metrics_addr: Some(metrics_addr()),
+            fault_point: fault_point.map(str::to_string),
+        })
     }
 }
 
 /// Deletes a test namespace and waits until it is gone, while the operator still runs,
 /// so no fleet of this test is left for a later test's operator (failpoints count every
 /// fleet's boundaries).
-async fn cleanup(client: &Client, ns: TestNamespace) {
-    let name = ns.name.clone();
-    ns.delete().await.unwrap();
-    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while namespaces.get_opt(&name).await.unwrap().is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "namespace {name} was not deleted within 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+async fn cleanup(_client: &Client, ns: TestNamespace) {
+    ns.delete_and_wait().await.unwrap();
 }
 
 async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {

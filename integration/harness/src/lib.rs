@@ -8,6 +8,8 @@
 //! The control plane is never skipped: when its binaries are missing, `up.sh` builds
 //! them (tens of minutes, once per machine) or the test fails with the build error.
 
+pub mod operator;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -220,6 +222,22 @@ impl TestNamespace {
             name,
             client: client.clone(),
         })
+    }
+
+    /// Deletes the namespace and waits (up to 120 s) until it is gone, e.g. while the
+    /// operator still runs, so no fleet of a test is left for a later test's operator.
+    pub async fn delete_and_wait(self) -> Result<()> {
+        let (name, client) = (self.name.clone(), self.client.clone());
+        self.delete().await?;
+        let namespaces = Api::<Namespace>::all(client);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while namespaces.get_opt(&name).await?.is_some() {
+            if std::time::Instant::now() > deadline {
+                bail!("namespace {name} was not deleted within 120 s");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        Ok(())
     }
 
     /// Deletes the namespace (tests call this at the end; a failed test keeps its

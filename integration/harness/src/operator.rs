@@ -1,0 +1,105 @@
+//! The operator under test as a child process (killed when dropped), for real-cluster
+//! suites and crash drills.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How to start one operator replica.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// The `celld-operator` binary (`env!("CARGO_BIN_EXE_celld-operator")` in the root package).
+    pub binary: PathBuf,
+    /// Kubeconfig it authenticates with (admin, or one impersonating a ServiceAccount).
+    pub kubeconfig: PathBuf,
+    /// `--operator-namespace` (its Lease lives there).
+    pub operator_namespace: String,
+    /// `POD_NAME`: the identity stamped into journal entries.
+    pub identity: String,
+    /// Folder for its log and journal mirror (`<dir>/<identity>/…`).
+    pub work_dir: PathBuf,
+    /// `--metrics-bind-address`, if any.
+    pub metrics_addr: Option<String>,
+    /// `--fault-point=NAME[:N]`, if any.
+    pub fault_point: Option<String>,
+}
+
+/// A running operator replica.
+pub struct OperatorProcess {
+    child: Child,
+    /// Its log (stdout and stderr).
+    pub log: PathBuf,
+}
+
+impl OperatorProcess {
+    /// Starts `celld-operator run --local-test --network-policy-enforced` with `opts`.
+    pub fn start(opts: &OperatorOptions) -> Self {
+        let dir = opts.work_dir.join(&opts.identity);
+        std::fs::create_dir_all(&dir).expect("operator work dir");
+        let log = dir.join("operator.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("operator log");
+        let mut cmd = Command::new(&opts.binary);
+        cmd.env("KUBECONFIG", &opts.kubeconfig)
+            .env("POD_NAME", &opts.identity)
+            .env("RUST_LOG", "info,celld_operator=debug")
+            .args([
+                "run",
+                "--local-test",
+                "--network-policy-enforced",
+                "--log-format",
+                "plain",
+            ])
+            .args([
+                "--operator-namespace",
+                &opts.operator_namespace,
+                "--health-bind-address",
+                "0",
+            ])
+            .arg("--journal-dir")
+            .arg(dir.join("journal"))
+            .stdout(Stdio::from(file.try_clone().expect("log handle")))
+            .stderr(Stdio::from(file));
+        if let Some(addr) = &opts.metrics_addr {
+            cmd.arg(format!("--metrics-bind-address={addr}"));
+        }
+        if let Some(fp) = &opts.fault_point {
+            cmd.arg(format!("--fault-point={fp}"));
+        }
+        OperatorProcess {
+            child: cmd.spawn().expect("operator starts"),
+            log,
+        }
+    }
+
+    /// Waits for the process to exit (e.g. at a failpoint) and returns its exit code.
+    pub async fn exited(&mut self, within: Duration) -> i32 {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait on the operator") {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "operator did not exit; log: {}",
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Where the log is.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+}
+
+impl Drop for OperatorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

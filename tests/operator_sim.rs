@@ -1,0 +1,153 @@
+//! The operator with simulator members (issue: reconciler core): every phase of a
+//! PersistentFleet's life keeps every acknowledged ledger ID, and the one-member-down
+//! sampler never sees two members down.
+
+use std::time::{Duration, Instant};
+
+use celld_harness::operator::{OperatorOptions, OperatorProcess};
+use celld_operator::api::CelldFleet;
+use celld_sim::ledger::Ledger;
+use celld_testbed::sampler::Expect;
+use celld_testbed::{TestBed, RUNTIME_IMAGE, STORAGE_CLASS};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+async fn wait_settled(api: &Api<CelldFleet>, name: &str, n: i32, log: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(f) = api.get(name).await {
+            if let Some(s) = f.status {
+                if s.current_operation.is_none()
+                    && s.ready_replicas == Some(n)
+                    && s.applied_replicas == Some(n)
+                {
+                    return;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not settle at {n} ready members; operator log: {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn member_urls(bed: &TestBed, client: &Client, ns: &str, n: i32) -> Vec<String> {
+    let names: Vec<String> = (0..n).map(|i| format!("beta-{i}")).collect();
+    bed.member_urls(client, ns, &names)
+        .await
+        .expect("member URLs")
+}
+
+#[tokio::test]
+async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace(&client, "opsim").await.unwrap();
+    let _ = bed
+        .cluster
+        .kubectl(&["create", "namespace", "celld-sim-e2e"]);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let bucket = bed.unique_bucket("opsim").unwrap();
+    let op = OperatorProcess::start(&OperatorOptions {
+        binary: env!("CARGO_BIN_EXE_celld-operator").into(),
+        kubeconfig: bed.kubeconfig().into(),
+        operator_namespace: "celld-sim-e2e".into(),
+        identity: "celld-operator-sim".into(),
+        work_dir: bed
+            .cluster
+            .work_dir
+            .join(format!("operator-sim-{}", std::process::id())),
+        metrics_addr: None,
+        fault_point: None,
+    });
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let fleet: CelldFleet = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+        "metadata": {"name": "beta"},
+        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": 3,
+                 "serviceAccountName": "celld",
+                 "storage": {"bucket": bucket, "region": "us-east-1", "storageClassName": STORAGE_CLASS, "sizeGiB": 1},
+                 "placement": {"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3},
+                 "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
+                 "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &fleet).await.unwrap();
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let sampler = bed.sampler(&client, &ns.name, Expect::StatefulSet("beta".into()), 1);
+    let mut ledger = Ledger::new(&format!("opsim-{}", &ns.name));
+    ledger
+        .phase(&member_urls(bed, &client, &ns.name, 3).await)
+        .await
+        .expect("ledger after provision");
+
+    let kubectl_scale = |n: i32| {
+        bed.cluster.kubectl(&[
+            "-n",
+            &ns.name,
+            "scale",
+            "celldfleet/beta",
+            &format!("--replicas={n}"),
+        ])
+    };
+    kubectl_scale(4).unwrap();
+    wait_settled(&api, "beta", 4, &op.log).await;
+    ledger
+        .phase(&member_urls(bed, &client, &ns.name, 4).await)
+        .await
+        .expect("ledger after growth 3->4");
+
+    kubectl_scale(3).unwrap();
+    wait_settled(&api, "beta", 3, &op.log).await;
+    ledger
+        .phase(&member_urls(bed, &client, &ns.name, 3).await)
+        .await
+        .expect("ledger after contraction 4->3");
+
+    let token = json!({"spec": {"maintenance": {"restartToken": "sim-1"}}});
+    api.patch("beta", &PatchParams::default(), &Patch::Merge(token))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let s = api.get("beta").await.unwrap().status.unwrap_or_default();
+        if s.last_restart_token.as_deref() == Some("sim-1") && s.current_operation.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rolling restart did not complete; log: {}",
+            op.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    wait_settled(&api, "beta", 3, &op.log).await;
+    ledger
+        .phase(&member_urls(bed, &client, &ns.name, 3).await)
+        .await
+        .expect("ledger after the rolling restart");
+    let report = sampler.finish().await;
+    report.assert_ok();
+
+    // Every claim survived every phase (Retain).
+    let journal = celld_operator::journal_store::load(&api.get("beta").await.unwrap()).unwrap();
+    assert_eq!(
+        journal.fold().operations().len(),
+        4,
+        "Provision, two Scales, Restart"
+    );
+    assert!(api.get("beta").await.unwrap().uid().is_some());
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
