@@ -57,6 +57,35 @@ for values in "$here"/values-*.yaml; do
   fi
 done
 
+echo "==> README values table covers every value of values.schema.json"
+missing=$(python3 - "$chart/values.schema.json" "$repo/README.md" <<'PY'
+import json, sys
+schema = json.load(open(sys.argv[1]))
+readme = open(sys.argv[2]).read()
+table = readme[readme.index("## Install on a cluster"):]
+table = table[:table.index("\n## ", 3)]
+def leaves(node, prefix=""):
+    props = node.get("properties")
+    if not props:
+        yield prefix
+        return
+    for key, sub in props.items():
+        if key == "global":
+            continue
+        yield from leaves(sub, f"{prefix}.{key}" if prefix else key)
+for path in leaves(schema):
+    # A row names the value, or its parent with its children (e.g. `metrics.service/serviceMonitor`).
+    parts = path.split(".")
+    if f"`{path}`" in table:
+        continue
+    # Or a row naming an ancestor that lists this leaf (e.g. `metrics.service/serviceMonitor.enabled`).
+    rows = [l for l in table.splitlines() if l.startswith("|")]
+    if not any(f"`{'.'.join(parts[:i])}" in r and parts[-1] in r for r in rows for i in range(1, len(parts))):
+        print(path)
+PY
+)
+if [ -n "$missing" ]; then echo "  FAIL: values missing from README's table: $missing"; fail=1; else echo "  ok"; fi
+
 echo "==> chart CRDs in sync with crds/"
 if ! diff -u "$repo/crds/celld.eric.dev.yaml" "$chart/crds/celld.eric.dev.yaml" >/dev/null; then
   echo "  FAIL: helm/celld-operator/crds is stale: run 'make crds'"; fail=1
