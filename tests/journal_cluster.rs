@@ -240,3 +240,36 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
     );
     ns.delete().await.unwrap();
 }
+
+/// Installed as `kubectl-celld`, the binary serves `kubectl celld …`.
+#[tokio::test]
+async fn the_binary_works_as_a_kubectl_plugin() {
+    let cluster = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_celld-operator"),
+        dir.path().join("kubectl-celld"),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(cluster.bin_dir.join("kubectl"))
+        .env("PATH", path)
+        .env("KUBECONFIG", &cluster.admin_kubeconfig)
+        .args(["celld", "version"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("celld-operator ") && text.contains("celld.eric.dev/v1alpha1"),
+        "{text}"
+    );
+}
