@@ -976,3 +976,106 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     );
     cleanup(&client, ns).await;
 }
+
+/// Delete requests for claims of `ns` recorded in the audit log, per claim name (any outcome).
+fn claim_deletes(c: &Cluster, ns: &str) -> std::collections::BTreeMap<String, usize> {
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
+    let mut out = std::collections::BTreeMap::new();
+    for e in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+    {
+        if e["stage"] == "ResponseComplete"
+            && e["verb"] == "delete"
+            && e["objectRef"]["resource"] == "persistentvolumeclaims"
+            && e["objectRef"]["namespace"] == ns
+        {
+            *out.entry(e["objectRef"]["name"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Crash drills for the other journaled kinds: a rolling Restart killed around its template
+/// write, and a Delete killed around its workload and claim deletes, each resume and issue
+/// every effect exactly once.
+#[tokio::test]
+async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("drill2").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    {
+        let _op = Operator::start(None);
+        let f = fleet("mu", "PersistentFleet", 3, &unique_bucket("d2"));
+        api.create(&PostParams::default(), &f).await.unwrap();
+        ready(&api, "mu", 3).await;
+    }
+    for (i, point) in ["before-effect", "after-effect", "before-complete"]
+        .iter()
+        .enumerate()
+    {
+        let token = format!("drill-{i}");
+        let mut op = Operator::start(Some(point));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let patch = json!({"spec": {"maintenance": {"restartToken": token}}});
+        api.patch("mu", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+        assert_eq!(op.exited(Duration::from_secs(60)).await, 3, "{point}");
+        drop(op);
+        let _op = Operator::start(None);
+        until(
+            &format!("token {token} applied after a kill at {point}"),
+            120,
+            &api,
+            "mu",
+            || async {
+                let s = api.get("mu").await.ok()?.status?;
+                (s.last_restart_token.as_deref() == Some(token.as_str())
+                    && s.current_operation.is_none())
+                .then_some(())
+            },
+        )
+        .await;
+        let marker = current_marker(c, &ns.name, "mu");
+        assert!(marker.ends_with("/template"), "{point}: {marker}");
+        assert_eq!(
+            audit_writes(c, &ns.name, "statefulsets", "mu", Some(&marker)),
+            1,
+            "{point}: one template write"
+        );
+    }
+    // Delete: killed right after the first claim delete, then right before the next one.
+    let mut op = Operator::start(Some("after-claim-delete"));
+    api.delete("mu", &Default::default()).await.unwrap();
+    assert_eq!(
+        op.exited(Duration::from_secs(120)).await,
+        3,
+        "after-claim-delete"
+    );
+    drop(op);
+    let mut op = Operator::start(Some("before-claim-delete"));
+    assert_eq!(
+        op.exited(Duration::from_secs(120)).await,
+        3,
+        "before-claim-delete"
+    );
+    drop(op);
+    let _op = Operator::start(None);
+    until("mu to be deleted", 120, &api, "mu", || async {
+        api.get_opt("mu").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let deletes = claim_deletes(c, &ns.name);
+    assert_eq!(deletes.len(), 3, "every claim deleted: {deletes:?}");
+    assert!(
+        deletes.values().all(|n| *n == 1),
+        "each claim deleted exactly once: {deletes:?}"
+    );
+    assert!(
+        audit_writes(c, &ns.name, "statefulsets", "mu", None) > 0,
+        "the drills wrote the workload"
+    );
+    cleanup(&client, ns).await;
+}
