@@ -9,7 +9,7 @@ use futures::StreamExt;
 use journal::{Budget, Leader, Mirror, MirrorOptions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::CelldFleet;
@@ -72,6 +72,62 @@ where
             let _ = sock.write_all(resp.as_bytes()).await;
         });
     }
+}
+
+/// On gaining the Lease (journal.md "Replay"): reconcile the local mirror with every
+/// fleet's annotation before driving anything. Missing entries are backfilled; a mirror that
+/// disagrees or is ahead keeps its entries under `diverged` and a Warning Event
+/// (`JournalDiverged`, `JournalRollback`) says so. The annotation stays the authority.
+async fn replay_mirror(ctx: &Ctx) -> anyhow::Result<()> {
+    use kube::runtime::events::{Event, EventType};
+    let Some(mirror) = &ctx.mirror else {
+        return Ok(());
+    };
+    let fleets = Api::<CelldFleet>::all(ctx.client.clone())
+        .list(&Default::default())
+        .await?;
+    for fleet in fleets.items {
+        let Some(text) = fleet
+            .annotations()
+            .get(crate::api::keys::JOURNAL_ANNOTATION)
+        else {
+            continue;
+        };
+        let Ok(doc) = journal::decode_document(text) else {
+            continue;
+        };
+        let plan = match mirror.reconcile(&doc) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::warn!(fleet = %fleet.name_any(), error = %e, "mirror reconcile failed");
+                continue;
+            }
+        };
+        for signal in &plan.signals {
+            let (reason, note) = match signal {
+                journal::Signal::JournalDiverged { first_seq } => (
+                    "JournalDiverged",
+                    format!("The local mirror disagrees with the journal annotation from seq {first_seq}; the annotation wins and the mirror's entries were kept under `diverged`"),
+                ),
+                journal::Signal::JournalRollback { annotation_seq, mirror_seq } => (
+                    "JournalRollback",
+                    format!("The journal annotation (seq {annotation_seq}) is older than the local mirror (seq {mirror_seq}), e.g. restored from a backup; the mirror's extra entries were kept under `diverged` and effects found in the world are never reissued"),
+                ),
+            };
+            tracing::warn!(fleet = %fleet.name_any(), reason, "{note}");
+            if let Some(recorder) = &ctx.recorder {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: reason.into(),
+                    note: Some(note),
+                    action: "Replay".into(),
+                    secondary: None,
+                };
+                let _ = recorder.publish(&event, &fleet.object_ref(&())).await;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// FNV-1a-32 of the fleet UID modulo 2000 ms: spreads resyncs of many fleets.
@@ -177,6 +233,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
         )),
     });
+    replay_mirror(&ctx).await?;
     tracing::info!(identity, "leader: reconciling fleets");
     metrics.leader.set(1);
     ready.store(true, Ordering::SeqCst);

@@ -1079,3 +1079,78 @@ async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
     );
     cleanup(&client, ns).await;
 }
+
+/// An annotation restored from an older copy (journal.md "Replay"): the mirror is ahead, the
+/// operator reports JournalRollback, records the effect it finds on the workload as Recovered
+/// (never reissued) and goes on planning from there.
+#[tokio::test]
+async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_reissued() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("rollback").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let key = celld_operator::api::keys::JOURNAL_ANNOTATION;
+    let old_copy;
+    let grow_marker;
+    {
+        let _op = Operator::start(None);
+        api.create(
+            &PostParams::default(),
+            &fleet("nu", "PersistentFleet", 3, &unique_bucket("rb")),
+        )
+        .await
+        .unwrap();
+        ready(&api, "nu", 3).await;
+        old_copy = api.get("nu").await.unwrap().annotations()[key].clone();
+        c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=4"])
+            .unwrap();
+        ready(&api, "nu", 4).await;
+        grow_marker = current_marker(c, &ns.name, "nu");
+    }
+    // A backup restore puts the older journal back.
+    let restore = json!({"metadata": {"annotations": {key: old_copy}}});
+    api.patch("nu", &PatchParams::default(), &Patch::Merge(restore))
+        .await
+        .unwrap();
+    let _op = Operator::start(None);
+    until("a JournalRollback event", 60, &api, "nu", || async {
+        let events =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+                .list(&ListParams::default())
+                .await
+                .ok()?;
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("JournalRollback"))
+            .then_some(())
+    })
+    .await;
+    let recovered_op = grow_marker.split('/').next().unwrap().to_string();
+    until(
+        "the workload's effect recorded as Recovered",
+        60,
+        &api,
+        "nu",
+        || async {
+            let j = celld_operator::journal_store::load(&api.get("nu").await.ok()?).ok()?;
+            j.entries()
+                .iter()
+                .any(|e| {
+                    e.op().to_string() == recovered_op
+                        && format!("{:?}", e.entry_type()) == "Recovered"
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    // Planning goes on from the recovered predecessor: contraction 4→3 works.
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=3"])
+        .unwrap();
+    ready(&api, "nu", 3).await;
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "nu", Some(&grow_marker)),
+        1,
+        "never reissued"
+    );
+    cleanup(&client, ns).await;
+}

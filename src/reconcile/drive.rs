@@ -586,6 +586,26 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             kept.push(i);
         }
     }
+    // The world shows an effect this journal does not hold (e.g. the annotation was restored
+    // from an older copy): record it as Recovered, never reissue it, and let it be the
+    // predecessor of the next write (journal.md "Replay").
+    if let Some(marker) = live.as_ref().and_then(LiveWorkload::marker) {
+        let predecessor = run.journal.predecessor_effect().map(|e| e.to_string());
+        if predecessor.as_deref() != Some(marker) {
+            if let Ok(effect) = marker.parse::<Effect>() {
+                if run.journal.fold().operation(effect.op).is_none() {
+                    let body = EntryBody::Recovered(journal::Recovered {
+                        effect: effect.clone(),
+                        source: "workload-marker".into(),
+                    });
+                    run.append(effect.op, body).await?;
+                    return Ok(Report::provisioning(format!(
+                        "Recorded effect {marker} found on the workload but missing from the journal; planning again"
+                    )));
+                }
+            }
+        }
+    }
     let token = spec
         .maintenance
         .as_ref()
