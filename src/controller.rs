@@ -208,6 +208,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("journal mirror {}: {e}", args.journal_dir.display()))?;
+    let (pod_events_tx, mut pod_events_rx) = tokio::sync::mpsc::unbounded_channel();
+    let pod_events = futures::stream::poll_fn(move |cx| pod_events_rx.poll_recv(cx));
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         render: RenderSettings {
@@ -225,6 +227,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership: Some(leadership.clone()),
         metrics: metrics.clone(),
         seen: Default::default(),
+        restart_baseline: Default::default(),
+        pod_watch: Some(crate::pod_watch::PodWatch::new(
+            client.clone(),
+            pod_events_tx,
+        )),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {
@@ -240,6 +247,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let fleets: Api<CelldFleet> = Api::all(client);
     let controller = Controller::new(fleets, watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        .reconcile_on(pod_events)
         .shutdown_on_signal()
         .run(
             |fleet: Arc<CelldFleet>, ctx: Arc<Ctx>| async move {

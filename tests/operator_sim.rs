@@ -137,6 +137,40 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
         .phase(&member_urls(bed, &client, &ns.name, 3).await)
         .await
         .expect("ledger after the rolling restart");
+
+    // A member cut off from the store fences itself (exit 3) and restarts on its own disk:
+    // a Warning MemberSelfFenced, no removal, nothing lost.
+    let member = bed.member(&client, &ns.name, "beta-1").await.unwrap();
+    member
+        .set_faults(&json!({"store": "partition"}))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let events =
+            Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+                .list(&Default::default())
+                .await
+                .unwrap();
+        let fenced = events.items.iter().any(|e| {
+            e.reason.as_deref() == Some("MemberSelfFenced")
+                && e.related.as_ref().and_then(|r| r.name.as_deref()) == Some("beta-1")
+        });
+        if fenced {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no MemberSelfFenced event; log: {}",
+            op.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    wait_settled(&api, "beta", 3, &op.log).await;
+    ledger
+        .phase(&member_urls(bed, &client, &ns.name, 3).await)
+        .await
+        .expect("ledger after a self-fence");
     let report = sampler.finish().await;
     report.assert_ok();
 

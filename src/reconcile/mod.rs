@@ -53,6 +53,11 @@ pub struct Ctx {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Fleets reconciled since this process started (to count replays of open operations).
     pub seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Restart counts of members seen by this process (Pod UID → restartCount): the
+    /// baseline for `MemberSelfFenced`, kept in memory and not re-emitted after a restart.
+    pub restart_baseline: std::sync::Mutex<std::collections::HashMap<String, i32>>,
+    /// Per-namespace Pod watchers that trigger reconciles (`None`: no watchers).
+    pub pod_watch: Option<crate::pod_watch::PodWatch>,
 }
 
 impl Ctx {
@@ -228,6 +233,57 @@ impl Run<'_> {
         }
     }
 
+    /// `MemberSelfFenced` (runtime.md §7): a member's restartCount rose and its last
+    /// termination exited with code 3. A restart on its own disk, never removal authority.
+    async fn self_fence_events(&self, pods: &[Pod]) {
+        use kube::runtime::events::{Event, EventType};
+        for pod in pods {
+            let (Some(uid), Some(status)) = (pod.metadata.uid.clone(), pod.status.as_ref()) else {
+                continue;
+            };
+            let Some(c) = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .find(|c| c.name == "celld")
+            else {
+                continue;
+            };
+            let exit3 = c
+                .last_state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 3);
+            let previous = self
+                .ctx
+                .restart_baseline
+                .lock()
+                .ok()
+                .and_then(|mut b| b.insert(uid, c.restart_count));
+            let rose = previous.is_some_and(|p| c.restart_count > p);
+            if !(exit3 && rose) {
+                continue;
+            }
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            tracing::warn!(member = %name, restarts = c.restart_count, "member self-fenced (exit code 3)");
+            if let Some(recorder) = &self.ctx.recorder {
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: "MemberSelfFenced".into(),
+                    note: Some(format!(
+                        "Member {name} fenced itself (exit code 3, restart {}): it could not renew its S3 lease; it restarts on its own disk",
+                        c.restart_count
+                    )),
+                    action: format!("SelfFence-{}", c.restart_count),
+                    secondary: Some(pod.object_ref(&())),
+                };
+                if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+                    tracing::warn!(error = %e, "publishing MemberSelfFenced failed");
+                }
+            }
+        }
+    }
+
     /// Pods with the fleet label (fresh list).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
         let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
@@ -288,6 +344,9 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         return Ok(Next::Later);
     };
     let uid = fleet.uid().unwrap_or_default();
+    if let Some(watch) = &ctx.pod_watch {
+        watch.track(ns, name, &uid);
+    }
     let journal = match journal_store::load(&fleet) {
         Ok(j) => j,
         Err(e) => {
@@ -350,6 +409,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     )
     .await?;
     record_metrics(&run, &status);
+    run.self_fence_events(&pods).await;
     Ok(
         if report.class == Class::Done && run.journal.fold().current().is_none() {
             Next::Later
