@@ -170,7 +170,9 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         .and_then(|s| s.reservation.as_deref())
         != Some(name.as_str())
     {
-        let patch = json!({"status": {"reservation": name}});
+        // Carries the fleet's resourceVersion like every other write (a conflict just means
+        // the next reconcile records it).
+        let patch = json!({"metadata": {"resourceVersion": run.fleet.resource_version()}, "status": {"reservation": name}});
         run.fleet = run
             .api
             .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
