@@ -595,6 +595,25 @@ async fn foreign_objects_are_refused_and_left_untouched() {
             .is_err(),
         "nothing is created"
     );
+
+    // A missing ServiceAccount blocks with its name; creating it lets the fleet provision.
+    let mut rho = fleet("rho", "Bucket", 3, &unique_bucket("sa"));
+    rho.spec.service_account_name = "celld-rho".into();
+    api.create(&PostParams::default(), &rho).await.unwrap();
+    let message = reason(&api, "rho", "ServiceAccountMissing").await;
+    assert!(message.contains("celld-rho"), "{message}");
+    assert!(
+        c.kubectl(&["-n", &ns.name, "get", "deployment", "rho"])
+            .is_err(),
+        "nothing is created"
+    );
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld-rho"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    ready(&api, "rho", 3).await;
     cleanup(&client, ns).await;
 }
 
