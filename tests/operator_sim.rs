@@ -14,26 +14,50 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-async fn wait_settled(api: &Api<CelldFleet>, name: &str, n: i32, log: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if let Ok(f) = api.get(name).await {
-            if let Some(s) = f.status {
-                if s.current_operation.is_none()
-                    && s.ready_replicas == Some(n)
-                    && s.applied_replicas == Some(n)
-                {
-                    return;
-                }
-            }
-        }
+/// Polls `check` every 500 ms until it holds, or fails naming `what` and the operator log.
+async fn poll_until<F, Fut>(what: &str, secs: u64, log: &std::path::Path, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !check().await {
         assert!(
             Instant::now() < deadline,
-            "{name} did not settle at {n} ready members; operator log: {}",
+            "timed out waiting for {what}; operator log: {}",
             log.display()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+async fn wait_settled(api: &Api<CelldFleet>, name: &str, n: i32, log: &std::path::Path) {
+    poll_until(
+        &format!("{name} to settle at {n} ready members"),
+        180,
+        log,
+        || async {
+            let status = api.get(name).await.ok().and_then(|f| f.status);
+            status.is_some_and(|s| {
+                s.current_operation.is_none()
+                    && s.ready_replicas == Some(n)
+                    && s.applied_replicas == Some(n)
+            })
+        },
+    )
+    .await
+}
+
+/// UIDs of the fleet's claims, by name.
+async fn claim_uids(client: &Client, ns: &str) -> std::collections::BTreeMap<String, String> {
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| (c.name_any(), c.uid().unwrap_or_default()))
+        .collect()
 }
 
 async fn member_urls(bed: &TestBed, client: &Client, ns: &str, n: i32) -> Vec<String> {
@@ -108,6 +132,12 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
         .await
         .expect("ledger after growth 3->4");
 
+    let claims_after_growth = claim_uids(&client, &ns.name).await;
+    assert_eq!(
+        claims_after_growth.len(),
+        4,
+        "one claim per member: {claims_after_growth:?}"
+    );
     kubectl_scale(3).unwrap();
     wait_settled(&api, "beta", 3, &op.log).await;
     ledger
@@ -119,19 +149,21 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
     api.patch("beta", &PatchParams::default(), &Patch::Merge(token))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let s = api.get("beta").await.unwrap().status.unwrap_or_default();
-        if s.last_restart_token.as_deref() == Some("sim-1") && s.current_operation.is_none() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the rolling restart did not complete; log: {}",
-            op.log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    poll_until(
+        "the rolling restart with token sim-1",
+        240,
+        &op.log,
+        || async {
+            let s = api
+                .get("beta")
+                .await
+                .ok()
+                .and_then(|f| f.status)
+                .unwrap_or_default();
+            s.last_restart_token.as_deref() == Some("sim-1") && s.current_operation.is_none()
+        },
+    )
+    .await;
     wait_settled(&api, "beta", 3, &op.log).await;
     ledger
         .phase(&member_urls(bed, &client, &ns.name, 3).await)
@@ -145,27 +177,22 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
         .set_faults(&json!({"store": "partition"}))
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let events =
-            Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-                .list(&Default::default())
-                .await
-                .unwrap();
-        let fenced = events.items.iter().any(|e| {
-            e.reason.as_deref() == Some("MemberSelfFenced")
-                && e.related.as_ref().and_then(|r| r.name.as_deref()) == Some("beta-1")
-        });
-        if fenced {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no MemberSelfFenced event; log: {}",
-            op.log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name);
+    poll_until(
+        "a MemberSelfFenced event for beta-1",
+        120,
+        &op.log,
+        || async {
+            let Ok(list) = events.list(&Default::default()).await else {
+                return false;
+            };
+            list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("MemberSelfFenced")
+                    && e.related.as_ref().and_then(|r| r.name.as_deref()) == Some("beta-1")
+            })
+        },
+    )
+    .await;
     wait_settled(&api, "beta", 3, &op.log).await;
     ledger
         .phase(&member_urls(bed, &client, &ns.name, 3).await)
@@ -174,14 +201,19 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
     let report = sampler.finish().await;
     report.assert_ok();
 
-    // Every claim survived every phase (Retain).
+    // Every claim survived every phase: contraction kept data-beta-3 (Retain), the restart and
+    // the self-fence restarted members on their own disks.
+    assert_eq!(
+        claim_uids(&client, &ns.name).await,
+        claims_after_growth,
+        "no claim replaced or removed"
+    );
     let journal = celld_operator::journal_store::load(&api.get("beta").await.unwrap()).unwrap();
     assert_eq!(
         journal.fold().operations().len(),
         4,
-        "Provision, two Scales, Restart"
+        "Provision, two Scales, Restart; a self-fence opens none"
     );
-    assert!(api.get("beta").await.unwrap().uid().is_some());
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }

@@ -191,17 +191,12 @@ pub fn peers_service(fleet: &FleetRef) -> Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::fixtures::spec;
+    use crate::render::fixtures::{fleet_ref, spec};
 
     #[test]
     fn network_policy_admits_operator_and_clients_and_adds_the_store_rule_only_in_local_test() {
         let s = spec("PersistentFleet");
-        let f = FleetRef {
-            name: "beta",
-            namespace: "fleets",
-            uid: "u1",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let prod = network_policy(&f, &RenderSettings::default());
         let spec_ = prod.spec.as_ref().unwrap();
         assert_eq!(spec_.egress.as_ref().unwrap().len(), 4);
@@ -244,12 +239,7 @@ mod tests {
     #[test]
     fn peers_service_is_headless_with_tcp_app_protocol() {
         let s = spec("PersistentFleet");
-        let f = FleetRef {
-            name: "beta",
-            namespace: "fleets",
-            uid: "u1",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let svc = peers_service(&f);
         assert_eq!(svc.metadata.name.as_deref(), Some("beta-peers"));
         let spec_ = svc.spec.unwrap();

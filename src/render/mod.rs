@@ -80,7 +80,18 @@ pub const TEST_STORE_SECRET_KEY: &str = "celld-test-secret";
 
 #[cfg(test)]
 pub(crate) mod fixtures {
+    use super::FleetRef;
     use crate::api::CelldFleetSpec;
+
+    /// The fleet `beta` in namespace `fleets` with UID `u1`.
+    pub fn fleet_ref(spec: &CelldFleetSpec) -> FleetRef<'_> {
+        FleetRef {
+            name: "beta",
+            namespace: "fleets",
+            uid: "u1",
+            spec,
+        }
+    }
 
     pub fn spec(profile: &str) -> CelldFleetSpec {
         let mut v = serde_json::json!({

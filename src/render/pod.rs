@@ -333,16 +333,11 @@ pub fn pod_template(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::fixtures::spec;
+    use crate::render::fixtures::{fleet_ref, spec};
 
     fn env_of(profile: &str, local_test: bool) -> Vec<EnvVar> {
         let s = spec(profile);
-        let f = FleetRef {
-            name: "beta",
-            namespace: "fleets",
-            uid: "u1",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         container_env(
             &f,
             &RenderSettings {
@@ -426,12 +421,7 @@ mod tests {
             {"name": "CELLD_B", "value": "2"}, {"name": "CELLD_A", "secretKeyRef": {"name": "s", "key": "k"}}
         ])).unwrap());
         s.execution.max_resident_cells = Some(7);
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let env = container_env(&f, &RenderSettings::default());
         let n = env.len();
         assert_eq!(env[n - 3].name, "CELLD_MAX_RESIDENT_CELLS");
@@ -455,12 +445,7 @@ mod tests {
     #[test]
     fn strict_placement_requires_anti_affinity_and_spreads_with_min_domains() {
         let s = spec("PersistentFleet");
-        let f = FleetRef {
-            name: "beta",
-            namespace: "fleets",
-            uid: "u1",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let t = pod_template(&f, &RenderSettings::default(), None);
         let pod = t.spec.unwrap();
         let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
@@ -487,12 +472,7 @@ mod tests {
     fn relaxed_placement_prefers_anti_affinity_and_schedules_anyway() {
         let mut s = spec("Bucket");
         s.placement.mode = PlacementMode::Relaxed;
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let pod = pod_template(&f, &RenderSettings::default(), Some("t1"))
             .spec
             .unwrap();
@@ -514,12 +494,7 @@ mod tests {
     fn ordered_strict_bucket_pods_are_gated_without_a_spread_constraint() {
         let mut s = spec("Bucket");
         s.bucket_workload = BucketWorkload::Ordered;
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let pod = pod_template(&f, &RenderSettings::default(), None)
             .spec
             .unwrap();
@@ -534,12 +509,7 @@ mod tests {
             serde_json::from_value(serde_json::json!({"request": "2Gi", "limit": "4Gi"})).unwrap(),
         );
         s.execution.cpu_limit = Some("1".into());
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let pod = pod_template(&f, &RenderSettings::default(), None)
             .spec
             .unwrap();

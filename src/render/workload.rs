@@ -151,17 +151,15 @@ pub fn statefulset(
 mod tests {
     use super::*;
     use crate::api::BucketWorkload;
-    use crate::render::{fixtures::spec, pod_template, RenderSettings};
+    use crate::render::{
+        fixtures::{fleet_ref, spec},
+        pod_template, RenderSettings,
+    };
 
     #[test]
     fn persistent_fleet_renders_a_statefulset_with_a_retained_claim_template() {
         let s = spec("PersistentFleet");
-        let f = FleetRef {
-            name: "beta",
-            namespace: "fleets",
-            uid: "u1",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let t = pod_template(&f, &RenderSettings::default(), None);
         let Workload::StatefulSet(sts) = render_workload(&f, 2, t, "s3-abc") else {
             panic!("expected a StatefulSet")
@@ -194,12 +192,7 @@ mod tests {
     #[test]
     fn bucket_fleets_render_a_deployment_unless_ordered() {
         let mut s = spec("Bucket");
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let t = pod_template(&f, &RenderSettings::default(), None);
         let Workload::Deployment(d) = render_workload(&f, 3, t.clone(), "r") else {
             panic!("expected a Deployment")
@@ -210,12 +203,7 @@ mod tests {
             (Some(IntOrString::Int(1)), Some(IntOrString::Int(0)))
         );
         s.bucket_workload = BucketWorkload::Ordered;
-        let f = FleetRef {
-            name: "a",
-            namespace: "n",
-            uid: "u",
-            spec: &s,
-        };
+        let f = fleet_ref(&s);
         let Workload::StatefulSet(sts) = render_workload(&f, 3, t, "r") else {
             panic!("expected a StatefulSet")
         };
