@@ -121,7 +121,7 @@ fn verify_reports_the_first_bad_entry_of_a_tampered_mirror() {
         m.append(FLEET, w.journal.entries()).unwrap();
     }
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = common::open_sled(dir.path());
         let tree = db.open_tree(format!("fleet/{FLEET}")).unwrap();
         let original = tree.get(3u64.to_be_bytes()).unwrap().unwrap();
         let changed = String::from_utf8(original.to_vec())

@@ -75,7 +75,7 @@ fn a_directory_of_other_files_is_refused() {
 fn a_sled_database_without_the_marker_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = common::open_sled(dir.path());
         db.insert("someone", "else's data").unwrap();
         db.flush().unwrap();
     }
@@ -87,7 +87,7 @@ fn a_sled_database_without_the_marker_is_refused() {
 fn a_mirror_of_another_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = common::open_sled(dir.path());
         db.insert("celld-journal-format", "celld-journal-mirror/v9")
             .unwrap();
         db.flush().unwrap();
@@ -480,7 +480,7 @@ fn a_corrupt_stored_entry_is_reported_with_its_seq() {
         m.append(FLEET, w.journal.entries()).unwrap();
     }
     {
-        let db = sled::open(dir.path()).unwrap();
+        let db = common::open_sled(dir.path());
         let tree = db.open_tree(format!("fleet/{FLEET}")).unwrap();
         tree.insert(2u64.to_be_bytes(), &b"{not json"[..]).unwrap();
         db.flush().unwrap();

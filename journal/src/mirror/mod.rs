@@ -309,7 +309,24 @@ impl Mirror {
         std::fs::rename(&staging, path).map_err(io)
     }
 
+    /// Opens the sled database, waiting up to 2 s for a lock held by a handle that is being
+    /// dropped: sled releases its file lock only when its background flusher thread lets go of
+    /// the database, which can lag the last `Db` drop (seen as a flaky reopen in tests, and
+    /// possible when a replica restarts in place). A lock still held after that is a live
+    /// owner and reported as [`MirrorError::Locked`].
     fn open_sled(path: &Path) -> Result<sled::Db, MirrorError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match Self::open_sled_once(path) {
+                Err(MirrorError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_sled_once(path: &Path) -> Result<sled::Db, MirrorError> {
         let config = sled::Config::new().path(path);
         // sled 0.34 can panic instead of erroring on some damaged files.
         match catch_unwind(AssertUnwindSafe(|| config.open())) {

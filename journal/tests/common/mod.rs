@@ -238,3 +238,19 @@ pub fn raw_chain(bodies: Vec<(OperationId, EntryBody)>) -> Vec<Entry> {
     }
     out
 }
+
+/// Opens a mirror directory with sled directly (to tamper with it), waiting up to 2 s for
+/// the lock of a just-dropped handle: sled's flusher thread can hold it a moment longer.
+#[allow(dead_code)]
+pub fn open_sled(path: &std::path::Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(e) => panic!("opening {} with sled: {e}", path.display()),
+        }
+    }
+}
