@@ -9,7 +9,7 @@ use futures::StreamExt;
 use journal::{Budget, Leader, Mirror, MirrorOptions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::CelldFleet;
@@ -146,7 +146,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(fp) = args.fault_point.clone() {
         crate::failpoint::arm(fp);
     }
-    let client = Client::try_default().await?;
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
+            metrics.clone(),
+        ))
+        .build();
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
@@ -157,7 +162,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_else(|| "celld-operator".into());
     let ready = Arc::new(AtomicBool::new(false));
-    let metrics = Arc::new(crate::metrics::Metrics::new());
     if let Some(addr) = bind_address(&args.metrics_bind_address)? {
         let metrics = metrics.clone();
         tokio::spawn(async move {

@@ -30,6 +30,15 @@ pub struct EntryLabels {
     pub r#type: String,
 }
 
+/// `verb`, `resource`: one API request of the operator's client.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+    pub verb: String,
+    /// Resource (with subresource), e.g. `statefulsets`, `celldfleets/status`.
+    pub resource: String,
+}
+
 /// `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -76,6 +85,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReasonLabels, Counter<u64, AtomicU64>>,
     /// Reconcile duration.
     pub reconcile_duration: Histogram,
+    /// Requests sent to the API server by verb and resource.
+    pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -107,6 +118,7 @@ impl Metrics {
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
+            api_requests: Family::default(),
         };
         r.register(
             "celld_fleet_desired_replicas",
@@ -189,6 +201,11 @@ impl Metrics {
             "reconcile duration",
             m.reconcile_duration.clone(),
         );
+        r.register(
+            "celld_operator_api_requests",
+            "requests sent to the API server, by verb and resource",
+            m.api_requests.clone(),
+        );
         *m.registry.lock().expect("fresh lock") = r;
         m
     }
@@ -224,9 +241,124 @@ impl Metrics {
     }
 }
 
+/// Classifies an API request: `(verb, resource)` from its method, path and query.
+///
+/// `/api/v1/namespaces/ns/pods/p` → `("get", "pods")`;
+/// `/apis/apps/v1/namespaces/ns/statefulsets?watch=true` → `("watch", "statefulsets")`;
+/// `/apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f/status` (PATCH) →
+/// `("patch", "celldfleets/status")`.
+pub fn classify(method: &str, path: &str, query: Option<&str>) -> (&'static str, String) {
+    let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // Skip `api/v1` or `apis/<group>/<version>`.
+    let rest: &[&str] = match segs.first() {
+        Some(&"api") => segs.get(2..).unwrap_or(&[]),
+        Some(&"apis") => segs.get(3..).unwrap_or(&[]),
+        _ => &[],
+    };
+    let rest = match rest {
+        // A namespaced resource; `namespaces/<ns>` alone is the namespace object.
+        ["namespaces", _ns, tail @ ..] if !tail.is_empty() => tail,
+        other => other,
+    };
+    let named = rest.len() >= 2;
+    let resource = match rest {
+        [] => "other".to_string(),
+        [r] | [r, _] => (*r).to_string(),
+        [r, _, sub, ..] => format!("{r}/{sub}"),
+    };
+    let watch = query.is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    let verb = match method {
+        "GET" if watch => "watch",
+        "GET" if named => "get",
+        "GET" => "list",
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        _ => "other",
+    };
+    (verb, resource)
+}
+
+/// A tower layer for the kube client that counts every request in
+/// `celld_operator_api_requests_total` (behavior.md §15; also the figure `make bench` reports as
+/// "API requests per fleet at rest").
+pub fn request_counter<B>(
+    metrics: std::sync::Arc<Metrics>,
+) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {
+    tower::util::MapRequestLayer::new(move |req: http::Request<B>| {
+        let (verb, resource) = classify(req.method().as_str(), req.uri().path(), req.uri().query());
+        metrics
+            .api_requests
+            .get_or_create(&RequestLabels {
+                verb: verb.into(),
+                resource,
+            })
+            .inc();
+        req
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_are_classified_by_verb_and_resource() {
+        let cases = [
+            ("GET", "/api/v1/namespaces/ns/pods/p", None, ("get", "pods")),
+            (
+                "GET",
+                "/api/v1/namespaces/ns/pods",
+                Some("labelSelector=x"),
+                ("list", "pods"),
+            ),
+            (
+                "GET",
+                "/apis/apps/v1/namespaces/ns/statefulsets",
+                Some("watch=true&resourceVersion=5"),
+                ("watch", "statefulsets"),
+            ),
+            (
+                "PATCH",
+                "/apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f/status",
+                None,
+                ("patch", "celldfleets/status"),
+            ),
+            (
+                "GET",
+                "/apis/celld.eric.dev/v1alpha1/celldfleets",
+                None,
+                ("list", "celldfleets"),
+            ),
+            (
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/celld-system/leases/celld-operator",
+                None,
+                ("update", "leases"),
+            ),
+            ("GET", "/api/v1/namespaces/ns", None, ("get", "namespaces")),
+            (
+                "POST",
+                "/apis/events.k8s.io/v1/namespaces/ns/events",
+                None,
+                ("create", "events"),
+            ),
+            (
+                "DELETE",
+                "/api/v1/namespaces/ns/persistentvolumeclaims/data-f-2",
+                None,
+                ("delete", "persistentvolumeclaims"),
+            ),
+        ];
+        for (method, path, query, (verb, resource)) in cases {
+            assert_eq!(
+                classify(method, path, query),
+                (verb, resource.to_string()),
+                "{method} {path}"
+            );
+        }
+    }
 
     #[test]
     fn fleet_series_are_exported_and_forgotten_with_the_fleet() {
