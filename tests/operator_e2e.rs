@@ -112,6 +112,7 @@ impl Operator {
             work_dir: work_dir(),
             metrics_addr: Some(metrics_addr()),
             fault_point: fault_point.map(str::to_string),
+            ..Default::default()
         })
     }
 }

@@ -94,6 +94,7 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
             .join(format!("operator-sim-{}", std::process::id())),
         metrics_addr: None,
         fault_point: None,
+        ..Default::default()
     });
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let fleet: CelldFleet = serde_json::from_value(json!({

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// How to start one operator replica.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct OperatorOptions {
     /// The `celld-operator` binary (`env!("CARGO_BIN_EXE_celld-operator")` in the root package).
     pub binary: PathBuf,
@@ -22,6 +22,10 @@ pub struct OperatorOptions {
     pub metrics_addr: Option<String>,
     /// `--fault-point=NAME[:N]`, if any.
     pub fault_point: Option<String>,
+    /// Leave out `--network-policy-enforced` (the IsolationUnverified gate).
+    pub without_network_policy_attestation: bool,
+    /// Further `run` flags, e.g. `--operation-deadline=20s`.
+    pub extra_args: Vec<String>,
 }
 
 /// A running operator replica.
@@ -32,7 +36,8 @@ pub struct OperatorProcess {
 }
 
 impl OperatorProcess {
-    /// Starts `celld-operator run --local-test --network-policy-enforced` with `opts`.
+    /// Starts `celld-operator run --local-test --network-policy-enforced` with `opts`
+    /// (without the attestation when `opts.without_network_policy_attestation`).
     pub fn start(opts: &OperatorOptions) -> Self {
         let dir = opts.work_dir.join(&opts.identity);
         std::fs::create_dir_all(&dir).expect("operator work dir");
@@ -46,13 +51,7 @@ impl OperatorProcess {
         cmd.env("KUBECONFIG", &opts.kubeconfig)
             .env("POD_NAME", &opts.identity)
             .env("RUST_LOG", "info,celld_operator=debug")
-            .args([
-                "run",
-                "--local-test",
-                "--network-policy-enforced",
-                "--log-format",
-                "plain",
-            ])
+            .args(["run", "--local-test", "--log-format", "plain"])
             .args([
                 "--operator-namespace",
                 &opts.operator_namespace,
@@ -69,6 +68,10 @@ impl OperatorProcess {
         if let Some(fp) = &opts.fault_point {
             cmd.arg(format!("--fault-point={fp}"));
         }
+        if !opts.without_network_policy_attestation {
+            cmd.arg("--network-policy-enforced");
+        }
+        cmd.args(&opts.extra_args);
         OperatorProcess {
             child: cmd.spawn().expect("operator starts"),
             log,
