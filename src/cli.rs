@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// `NAME[:N]`: exit with code 3 the (N-th) time NAME is reached (needs --local-test).
     #[arg(long, value_parser = parse_fault_point)]
     pub fault_point: Option<FaultPoint>,
+    /// Test clusters only: the time an operation gets before it is canceled (before issue) or
+    /// turns Stalled (after issue), instead of 30 minutes (+5 per member when coordinated).
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub operation_deadline: Option<Duration>,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -173,6 +177,9 @@ impl RunArgs {
     pub fn check(&self) -> Result<(), String> {
         if self.fault_point.is_some() && !self.local_test {
             return Err("--fault-point needs --local-test".into());
+        }
+        if self.operation_deadline.is_some() && !self.local_test {
+            return Err("--operation-deadline needs --local-test".into());
         }
         Ok(())
     }
@@ -328,6 +335,14 @@ mod tests {
             "a failpoint without --local-test is refused"
         );
         assert!(parse(&["run", "--fault-point=nowhere"]).is_err());
+        let Command::Run(run) = parse(&["run", "--operation-deadline=20s"]).unwrap().command else {
+            panic!("expected run")
+        };
+        assert_eq!(run.operation_deadline, Some(Duration::from_secs(20)));
+        assert!(
+            run.check().is_err(),
+            "a shortened deadline without --local-test is refused"
+        );
         assert!(parse(&["run", "--fault-point=before-intent:0"]).is_err());
     }
 

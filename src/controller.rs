@@ -221,6 +221,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             local_test: args.local_test,
         },
         network_policy_enforced: args.network_policy_enforced,
+        operation_deadline: args.operation_deadline,
         budget: Budget::new(args.journal_annotation_bytes as usize)
             .map_err(|e| anyhow::anyhow!("{e}"))?,
         mirror: Some(mirror),
@@ -232,10 +233,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         seen: Default::default(),
         restart_baseline: Default::default(),
-        pod_watch: Some(crate::pod_watch::PodWatch::new(
-            client.clone(),
-            pod_events_tx,
-        )),
+        watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

@@ -10,7 +10,7 @@ pub mod failpoint;
 pub mod journal_store;
 pub mod leader;
 pub mod metrics;
-pub mod pod_watch;
 pub mod reconcile;
 pub mod render;
 pub mod validate;
+pub mod watches;

@@ -104,7 +104,21 @@ impl Operator {
         operator_ns: &str,
         identity: &str,
     ) -> OperatorProcess {
-        OperatorProcess::start(&OperatorOptions {
+        OperatorProcess::start(&Self::options(
+            fault_point,
+            kubeconfig,
+            operator_ns,
+            identity,
+        ))
+    }
+
+    fn options(
+        fault_point: Option<&str>,
+        kubeconfig: &std::path::Path,
+        operator_ns: &str,
+        identity: &str,
+    ) -> OperatorOptions {
+        OperatorOptions {
             binary: env!("CARGO_BIN_EXE_celld-operator").into(),
             kubeconfig: kubeconfig.into(),
             operator_namespace: operator_ns.into(),
@@ -113,7 +127,19 @@ impl Operator {
             metrics_addr: Some(metrics_addr()),
             fault_point: fault_point.map(str::to_string),
             ..Default::default()
-        })
+        }
+    }
+
+    /// The usual replica with `tweak` applied to its options (extra flags, no attestation).
+    fn start_with(tweak: impl FnOnce(&mut OperatorOptions)) -> OperatorProcess {
+        let mut opts = Self::options(
+            None,
+            &cluster().admin_kubeconfig,
+            "celld-e2e",
+            "celld-operator-e2e",
+        );
+        tweak(&mut opts);
+        OperatorProcess::start(&opts)
     }
 }
 
@@ -587,6 +613,15 @@ async fn foreign_objects_are_refused_and_left_untouched() {
         .await
         .unwrap();
     ready(&api, "one", 3).await;
+    let reservations = Api::<CelldStorageReservation>::all(client.clone());
+    let reservation_name = api
+        .get("one")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.reservation)
+        .expect("status.reservation");
+    let reservation_before = reservations.get(&reservation_name).await.unwrap();
     api.create(&PostParams::default(), &fleet("two", "Bucket", 3, &bucket))
         .await
         .unwrap();
@@ -596,6 +631,62 @@ async fn foreign_objects_are_refused_and_left_untouched() {
             .is_err(),
         "nothing is created"
     );
+    assert_eq!(
+        reservations
+            .get(&reservation_name)
+            .await
+            .unwrap()
+            .resource_version(),
+        reservation_before.resource_version(),
+        "the reservation is unchanged"
+    );
+
+    // An owned peers Service that only lacks appProtocol is back-filled in place (the
+    // Service watch triggers the reconcile); its identity and addresses are kept.
+    let peers_before = services.get("one-peers").await.unwrap();
+    services
+        .patch(
+            "one-peers",
+            &PatchParams::default(),
+            &Patch::<Value>::Json(
+                serde_json::from_value(json!([
+                    {"op": "test", "path": "/spec/ports/0/appProtocol", "value": "tcp"},
+                    {"op": "remove", "path": "/spec/ports/0/appProtocol"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    let peers_after = until("appProtocol to be back-filled", 60, &api, "one", || async {
+        let s = services.get("one-peers").await.ok()?;
+        let p = s
+            .spec
+            .as_ref()?
+            .ports
+            .as_ref()?
+            .first()?
+            .app_protocol
+            .clone();
+        (p.as_deref() == Some("tcp")).then_some(s)
+    })
+    .await;
+    assert_eq!(peers_after.uid(), peers_before.uid());
+    assert_eq!(
+        peers_after.spec.as_ref().unwrap().cluster_ip,
+        peers_before.spec.as_ref().unwrap().cluster_ip
+    );
+    let blocked = api
+        .get("one")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Blocked")
+        .unwrap();
+    assert_eq!(blocked.status, "False", "{blocked:?}");
 
     // A missing ServiceAccount blocks with its name; creating it lets the fleet provision.
     let mut rho = fleet("rho", "Bucket", 3, &unique_bucket("sa"));
@@ -1171,6 +1262,188 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
         audit_writes(c, &ns.name, "statefulsets", "nu", Some(&grow_marker)),
         1,
         "never reissued"
+    );
+    cleanup(&client, ns).await;
+}
+
+/// Without `--network-policy-enforced` a fleet reports IsolationUnverified and nothing is
+/// created, not even the reservation (behavior.md §2 step 8, §18 scenario 2).
+#[tokio::test]
+async fn without_the_network_policy_attestation_nothing_is_provisioned() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("iso").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let bucket = unique_bucket("iso");
+    {
+        let _op = Operator::start_with(|o| o.without_network_policy_attestation = true);
+        api.create(
+            &PostParams::default(),
+            &fleet("iota", "PersistentFleet", 3, &bucket),
+        )
+        .await
+        .unwrap();
+        let message = reason(&api, "iota", "IsolationUnverified").await;
+        assert!(message.contains("--network-policy-enforced"), "{message}");
+        // A few more reconciles, then nothing of the fleet's may exist.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        for kind in [
+            "statefulset",
+            "service",
+            "networkpolicy",
+            "poddisruptionbudget",
+            "pvc",
+        ] {
+            let out = c
+                .kubectl(&["-n", &ns.name, "get", kind, "-o", "name"])
+                .unwrap();
+            assert!(out.trim().is_empty(), "{kind}: {out}");
+        }
+        let reservations = c
+            .kubectl(&[
+                "get",
+                "celldstoragereservations",
+                "-o",
+                "jsonpath={.items[*].spec.bucket}",
+            ])
+            .unwrap();
+        assert!(
+            !reservations.contains(&bucket),
+            "no reservation: {reservations}"
+        );
+        let st = api.get("iota").await.unwrap().status.unwrap();
+        assert!(st.current_operation.is_none() && st.recent_operations.is_empty());
+    }
+    // With the attestation the same fleet provisions.
+    let _op = Operator::start(None);
+    ready(&api, "iota", 3).await;
+    cleanup(&client, ns).await;
+}
+
+/// An operation that cannot finish turns Stalled at its deadline (condition, Warning Event,
+/// gauge) and is still driven; `journal abandon` frees the fleet, and the next plan starts from
+/// observation (behavior.md §3.4, §18 scenario 28). The deadline is shortened with the
+/// test-only `--operation-deadline`.
+#[tokio::test]
+async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("stall").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let _op = Operator::start_with(|o| o.extra_args = vec!["--operation-deadline=25s".into()]);
+    api.create(
+        &PostParams::default(),
+        &fleet("sigma", "PersistentFleet", 3, &unique_bucket("st")),
+    )
+    .await
+    .unwrap();
+    ready(&api, "sigma", 3).await;
+    // An image the kubelet cannot pull: the highest member never turns Ready again.
+    let missing = format!("celld.test/missing@sha256:{}", "e".repeat(64));
+    api.patch(
+        "sigma",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": missing}})),
+    )
+    .await
+    .unwrap();
+    let op_id = until("the Upgrade to stall", 120, &api, "sigma", || async {
+        let s = api.get("sigma").await.ok()?.status?;
+        let cur = s.current_operation?;
+        let stalled = s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "OperationStalled" && c.status == "True");
+        (format!("{:?}", cur.kind) == "Upgrade" && stalled).then_some(cur.id)
+    })
+    .await;
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("OperationStalled")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.as_deref().is_some_and(|n| n.contains(&op_id))),
+        "a Warning OperationStalled event names {op_id}"
+    );
+    let text = scrape().await;
+    let labels = format!("namespace=\"{}\",fleet=\"sigma\"", ns.name);
+    assert!(
+        text.contains(&format!("celld_journal_stalled_operations{{{labels}}} 1")),
+        "{text}"
+    );
+    // Still open and still driven: nothing else is planned meanwhile.
+    let target = format!("{}/sigma", ns.name);
+    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
+        .env("KUBECONFIG", &c.admin_kubeconfig)
+        .args(["journal", "abandon", &target, &op_id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "journal abandon: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outcome = until("the Upgrade to be abandoned", 60, &api, "sigma", || async {
+        let s = api.get("sigma").await.ok()?.status?;
+        if s.current_operation.is_some() {
+            return None;
+        }
+        s.recent_operations
+            .iter()
+            .find(|o| o.id == op_id)
+            .map(|o| o.outcome.clone())
+    })
+    .await;
+    assert_eq!(outcome, "Abandoned");
+    assert!(
+        c.kubectl(&[
+            "-n",
+            &ns.name,
+            "get",
+            "celldfleet",
+            "sigma",
+            "-o",
+            "jsonpath={.metadata.annotations.celld\\.eric\\.dev/journal-command}"
+        ])
+        .unwrap()
+        .trim()
+        .is_empty(),
+        "the command annotation is consumed"
+    );
+    // The fleet is free: a corrective image is planned at once and rolls the fleet back.
+    api.patch(
+        "sigma",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": image(1)}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "sigma", 3).await;
+    let history = api
+        .get("sigma")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .recent_operations;
+    assert!(
+        history
+            .first()
+            .is_some_and(|o| format!("{:?}", o.kind) == "Upgrade" && o.outcome == "Succeeded"),
+        "{history:?}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
+        .env("KUBECONFIG", &c.admin_kubeconfig)
+        .args(["journal", "verify", &target])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "journal verify: {}",
+        String::from_utf8_lossy(&out.stdout)
     );
     cleanup(&client, ns).await;
 }

@@ -87,7 +87,7 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
                 token: None,
                 image: None,
                 reason: Some("fleet deleted".into()),
-                deadline: journal::default_deadline(run.now, None),
+                deadline: run.ctx.deadline(run.now, None),
                 targets: vec![],
                 workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
                 predecessor_effect: run.journal.predecessor_effect(),

@@ -719,7 +719,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 token,
                 image,
                 reason: None,
-                deadline: journal::default_deadline(run.now, None),
+                deadline: run.ctx.deadline(run.now, None),
                 targets,
                 workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
                 predecessor_effect: run.journal.predecessor_effect(),

@@ -39,6 +39,8 @@ pub struct Ctx {
     pub render: RenderSettings,
     /// `--network-policy-enforced`.
     pub network_policy_enforced: bool,
+    /// `--operation-deadline` (test clusters): replaces the 30-minute operation deadline.
+    pub operation_deadline: Option<std::time::Duration>,
     /// `--journal-annotation-bytes`.
     pub budget: Budget,
     /// The local journal mirror.
@@ -56,11 +58,26 @@ pub struct Ctx {
     /// Restart counts of members seen by this process (Pod UID → restartCount): the
     /// baseline for `MemberSelfFenced`, kept in memory and not re-emitted after a restart.
     pub restart_baseline: std::sync::Mutex<std::collections::HashMap<String, i32>>,
-    /// Per-namespace Pod watchers that trigger reconciles (`None`: no watchers).
-    pub pod_watch: Option<crate::pod_watch::PodWatch>,
+    /// Per-namespace watches that trigger reconciles (`None`: none).
+    pub watches: Option<crate::watches::Watches>,
 }
 
 impl Ctx {
+    /// The deadline of an operation decided at `now` (journal.md "Never stuck, never silent").
+    pub fn deadline(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        coordinated_members: Option<u32>,
+    ) -> chrono::DateTime<chrono::Utc> {
+        match self
+            .operation_deadline
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+        {
+            Some(d) => now + d,
+            None => journal::default_deadline(now, coordinated_members),
+        }
+    }
+
     /// Before any effect: the Lease must be held with at least 2 s left; a replica that
     /// lost it stops issuing at once and exits non-zero (behavior.md §1).
     pub fn check_lease(&self) {
@@ -341,10 +358,13 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
             namespace: ns.to_string(),
             fleet: name.to_string(),
         });
+        if let Some(watch) = &ctx.watches {
+            watch.forget(ns, name);
+        }
         return Ok(Next::Later);
     };
     let uid = fleet.uid().unwrap_or_default();
-    if let Some(watch) = &ctx.pod_watch {
+    if let Some(watch) = &ctx.watches {
         watch.track(ns, name, &uid);
     }
     let journal = match journal_store::load(&fleet) {

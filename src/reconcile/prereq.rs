@@ -9,7 +9,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::compare::{first_difference, rendered_matches};
 use super::{owned, Error, KubeContext, Report, Run};
@@ -225,6 +225,21 @@ where
         return Ok(None);
     }
     if !repair {
+        if let Some(filled) = backfill_app_protocol(&want_spec, &live) {
+            // Pinned to the verified resourceVersion (carried by the live copy).
+            api.replace(&name, &PostParams::default(), &filled)
+                .await
+                .ctx(|| format!("back-filling appProtocol on {kind} {name}"))?;
+            let again = api
+                .get(&name)
+                .await
+                .ctx(|| format!("re-reading {kind} {name}"))?;
+            let again_spec = serde_json::to_value(&again).unwrap_or_default()["spec"].clone();
+            if owned(&again, &run.uid) && rendered_matches(&want_spec, &again_spec) {
+                tracing::info!(service = %name, "back-filled appProtocol: tcp on the peer port");
+                return Ok(None);
+            }
+        }
         let field =
             first_difference(&want_spec, &live_spec, "spec").unwrap_or_else(|| "spec".into());
         return Ok(Some(Report::blocked(
@@ -238,6 +253,32 @@ where
         .await
         .ctx(|| format!("update {kind} {name}"))?;
     Ok(None)
+}
+
+/// The sole Service repair (behavior.md §4.4): when the only differences are ports that lack
+/// the rendered `appProtocol`, the live object with those values filled in (everything else,
+/// allocated addresses and resourceVersion included, kept as read). `None` otherwise.
+fn backfill_app_protocol<K: Serialize + DeserializeOwned>(
+    want_spec: &Value,
+    live: &K,
+) -> Option<K> {
+    let mut live = serde_json::to_value(live).ok()?;
+    let want_ports = want_spec.get("ports")?.as_array()?;
+    let live_ports = live.pointer_mut("/spec/ports")?.as_array_mut()?;
+    if want_ports.len() != live_ports.len() {
+        return None;
+    }
+    let mut filled = false;
+    for (w, l) in want_ports.iter().zip(live_ports.iter_mut()) {
+        if let (Some(app), None) = (w.get("appProtocol"), l.get("appProtocol")) {
+            l.as_object_mut()?.insert("appProtocol".into(), app.clone());
+            filled = true;
+        }
+    }
+    if !(filled && rendered_matches(want_spec, &live["spec"])) {
+        return None;
+    }
+    serde_json::from_value(live).ok()
 }
 
 /// Step 12: NetworkPolicy and PDB converge; Services are verified.
@@ -262,4 +303,59 @@ pub async fn converge(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         return Ok(Some(r));
     }
     converge_one(run, peers, "Service", false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::fixtures::{fleet_ref, spec};
+
+    fn peers() -> (Value, Service) {
+        let s = spec("PersistentFleet");
+        let want = render::peers_service(&fleet_ref(&s));
+        let want_spec = serde_json::to_value(&want).unwrap()["spec"].clone();
+        let mut live = serde_json::to_value(&want).unwrap();
+        live["metadata"]["resourceVersion"] = json!("41");
+        live["spec"]["clusterIPs"] = json!(["None"]);
+        (want_spec, serde_json::from_value(live).unwrap())
+    }
+
+    #[test]
+    fn a_missing_app_protocol_alone_is_back_filled_keeping_the_read_version() {
+        let (want_spec, mut live) = peers();
+        live.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol = None;
+        let filled = backfill_app_protocol(&want_spec, &live).expect("back-filled");
+        let port = &filled.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
+        assert_eq!(port.app_protocol.as_deref(), Some("tcp"));
+        assert_eq!(filled.metadata.resource_version.as_deref(), Some("41"));
+        assert_eq!(
+            filled.spec.as_ref().unwrap().cluster_ips,
+            Some(vec!["None".to_string()])
+        );
+    }
+
+    #[test]
+    fn other_differences_or_nothing_missing_are_not_repaired() {
+        let (want_spec, live) = peers();
+        assert!(
+            backfill_app_protocol(&want_spec, &live).is_none(),
+            "nothing to fill"
+        );
+        let (want_spec, mut live) = peers();
+        {
+            let port = &mut live.spec.as_mut().unwrap().ports.as_mut().unwrap()[0];
+            port.app_protocol = None;
+            port.port = 9999;
+        }
+        assert!(
+            backfill_app_protocol(&want_spec, &live).is_none(),
+            "port differs too"
+        );
+        let (want_spec, mut live) = peers();
+        live.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].app_protocol = Some("http".into());
+        assert!(
+            backfill_app_protocol(&want_spec, &live).is_none(),
+            "a different value is not missing"
+        );
+    }
 }
