@@ -1447,3 +1447,120 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     );
     cleanup(&client, ns).await;
 }
+
+/// The real HPA controller writes `/scale` (min/max clamping, no metrics needed); the operator
+/// grows and contracts through the same journaled path and never writes `spec.replicas`
+/// itself (behavior.md §18 scenario 19).
+#[tokio::test]
+async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("hpa").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    api.create(
+        &PostParams::default(),
+        &fleet("eta", "PersistentFleet", 3, &unique_bucket("hpa")),
+    )
+    .await
+    .unwrap();
+    ready(&api, "eta", 3).await;
+    let hpas = Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), &ns.name);
+    let hpa = |min: i32, max: i32| -> HorizontalPodAutoscaler {
+        serde_json::from_value(json!({
+            "metadata": {"name": "eta"},
+            "spec": {"scaleTargetRef": {"apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet", "name": "eta"},
+                     "minReplicas": min, "maxReplicas": max}
+        }))
+        .unwrap()
+    };
+    hpas.create(&PostParams::default(), &hpa(4, 4))
+        .await
+        .unwrap();
+    until(
+        "the HPA to raise spec.replicas to 4",
+        90,
+        &api,
+        "eta",
+        || async { (api.get("eta").await.ok()?.spec.replicas == 4).then_some(()) },
+    )
+    .await;
+    ready(&api, "eta", 4).await;
+    hpas.patch(
+        "eta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minReplicas": 3, "maxReplicas": 3}})),
+    )
+    .await
+    .unwrap();
+    until(
+        "the HPA to lower spec.replicas to 3",
+        90,
+        &api,
+        "eta",
+        || async { (api.get("eta").await.ok()?.spec.replicas == 3).then_some(()) },
+    )
+    .await;
+    ready(&api, "eta", 3).await;
+    let history = api
+        .get("eta")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .recent_operations;
+    let scales: Vec<_> = history
+        .iter()
+        .filter(|o| format!("{:?}", o.kind) == "Scale")
+        .map(|o| o.outcome.clone())
+        .collect();
+    assert_eq!(
+        scales,
+        vec!["Succeeded".to_string(), "Succeeded".to_string()],
+        "one growth 3→4 and one contraction 4→3: {history:?}"
+    );
+    // Who wrote the fleet: `/scale` only by the HPA controller; no other write carries a spec.
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap();
+    let writes: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
+                && e["objectRef"]["resource"] == "celldfleets"
+                && matches!(e["verb"].as_str(), Some("update" | "patch"))
+                && e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 300)
+        })
+        .collect();
+    let scale_writers: std::collections::BTreeSet<String> = writes
+        .iter()
+        .filter(|e| e["objectRef"]["subresource"] == "scale")
+        .map(|e| e["user"]["username"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(
+        scale_writers.into_iter().collect::<Vec<_>>(),
+        vec!["system:serviceaccount:kube-system:horizontal-pod-autoscaler".to_string()]
+    );
+    let spec_writes: Vec<&Value> = writes
+        .iter()
+        .filter(|e| e["objectRef"]["subresource"].is_null())
+        .filter(|e| !e["requestObject"]["spec"].is_null())
+        .collect();
+    assert!(spec_writes.is_empty(), "{spec_writes:#?}");
+    assert!(
+        writes
+            .iter()
+            .any(|e| e["objectRef"]["subresource"].is_null()),
+        "the operator's journal appends are in the audit log (the filter sees its writes)"
+    );
+    // The HPA sees the fleet settle at its bound (status.replicas through `/scale`).
+    until("the HPA to observe 3 replicas", 60, &api, "eta", || async {
+        let st = hpas.get("eta").await.ok()?.status?;
+        (st.current_replicas == Some(3) && st.desired_replicas == 3).then_some(())
+    })
+    .await;
+    hpas.delete("eta", &Default::default()).await.unwrap();
+    cleanup(&client, ns).await;
+}
