@@ -1564,3 +1564,267 @@ async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     hpas.delete("eta", &Default::default()).await.unwrap();
     cleanup(&client, ns).await;
 }
+
+/// The effect marker on the workload `kind` (`statefulset` or `deployment`) `name`.
+fn marker_of(c: &Cluster, ns: &str, kind: &str, name: &str) -> String {
+    c.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        kind,
+        name,
+        "-o",
+        "jsonpath={.metadata.annotations.celld\\.eric\\.dev/effect}",
+    ])
+    .unwrap()
+}
+
+/// Successful deletes the audit log recorded for `resource` `ns/name`.
+fn audit_deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["verb"] == "delete"
+                && e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 300)
+                && e["objectRef"]["namespace"] == ns
+                && e["objectRef"]["resource"] == resource
+                && e["objectRef"]["name"] == name
+        })
+        .count()
+}
+
+/// The newest finished operation's kind and outcome.
+async fn last_outcome(api: &Api<CelldFleet>, name: &str) -> (String, String) {
+    let s = api.get(name).await.unwrap().status.unwrap();
+    let o = s.recent_operations.first().expect("a finished operation");
+    (format!("{:?}", o.kind), o.outcome.clone())
+}
+
+/// Kills at every failpoint of Provision, Upgrade, TemplateUpdate (drift repair) and of a
+/// Bucket Delete's workload and prerequisite effects (behavior.md §18 scenario 14): each
+/// resumed operation completes and every effect is issued exactly once.
+#[tokio::test]
+async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_once() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("drill3").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let points = [
+        "before-intent",
+        "after-intent",
+        "before-effect",
+        "after-effect",
+        "before-complete",
+    ];
+    let kill = |point: &'static str| async move {
+        let op = Operator::start(Some(point));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        op
+    };
+    // Provision: one Bucket fleet per failpoint; the Deployment is created exactly once.
+    for (i, point) in points.iter().enumerate() {
+        let name = format!("pv{i}");
+        let mut op = kill(point).await;
+        api.create(
+            &PostParams::default(),
+            &fleet(&name, "Bucket", 3, &unique_bucket("pv")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            op.exited(Duration::from_secs(60)).await,
+            3,
+            "Provision {point}"
+        );
+        drop(op);
+        let _op = Operator::start(None);
+        ready(&api, &name, 3).await;
+        let marker = marker_of(c, &ns.name, "deployment", &name);
+        assert!(marker.ends_with("/create"), "Provision {point}: {marker}");
+        assert_eq!(
+            audit_writes(c, &ns.name, "deployments", &name, None),
+            1,
+            "Provision {point}: the Deployment is written once, by its create"
+        );
+        assert_eq!(
+            last_outcome(&api, &name).await,
+            ("Provision".into(), "Succeeded".into()),
+            "Provision {point}"
+        );
+    }
+    // Upgrade: a new runtime image per failpoint; one template write each.
+    {
+        let _op = Operator::start(None);
+        api.create(
+            &PostParams::default(),
+            &fleet("up", "PersistentFleet", 3, &unique_bucket("up")),
+        )
+        .await
+        .unwrap();
+        ready(&api, "up", 3).await;
+    }
+    for (i, point) in points.iter().enumerate() {
+        let img = image(2 + i as u8);
+        let mut op = kill(point).await;
+        api.patch(
+            "up",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"runtimeImage": img}})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            op.exited(Duration::from_secs(60)).await,
+            3,
+            "Upgrade {point}"
+        );
+        drop(op);
+        let _op = Operator::start(None);
+        until(
+            &format!("Upgrade to {img} after a kill at {point}"),
+            120,
+            &api,
+            "up",
+            || async {
+                let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+                    .get("up")
+                    .await
+                    .ok()?;
+                let live = sts.spec?.template.spec?.containers.first()?.image.clone()?;
+                (live == img).then_some(())
+            },
+        )
+        .await;
+        ready(&api, "up", 3).await;
+        let marker = current_marker(c, &ns.name, "up");
+        assert!(marker.ends_with("/template"), "Upgrade {point}: {marker}");
+        assert_eq!(
+            audit_writes(c, &ns.name, "statefulsets", "up", Some(&marker)),
+            1,
+            "Upgrade {point}: one template write"
+        );
+        assert_eq!(
+            last_outcome(&api, "up").await,
+            ("Upgrade".into(), "Succeeded".into()),
+            "Upgrade {point}"
+        );
+    }
+    // TemplateUpdate: a hand edit of the template is drift, repaired by one guarded write.
+    for (i, point) in ["before-effect", "after-effect"].iter().enumerate() {
+        let mut op = kill(point).await;
+        c.kubectl(&[
+            "-n",
+            &ns.name,
+            "patch",
+            "statefulset",
+            "up",
+            "--type=json",
+            "-p",
+            &json!([{"op": "replace",
+                     "path": "/spec/template/spec/containers/0/readinessProbe/periodSeconds",
+                     "value": 7 + i}])
+            .to_string(),
+        ])
+        .unwrap();
+        assert_eq!(
+            op.exited(Duration::from_secs(60)).await,
+            3,
+            "TemplateUpdate {point}"
+        );
+        drop(op);
+        let _op = Operator::start(None);
+        until(
+            &format!("drift repaired after a kill at {point}"),
+            120,
+            &api,
+            "up",
+            || async {
+                let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+                    .get("up")
+                    .await
+                    .ok()?;
+                let c = sts.spec?.template.spec?.containers.first()?.clone();
+                (c.readiness_probe?.period_seconds == Some(2)).then_some(())
+            },
+        )
+        .await;
+        ready(&api, "up", 3).await;
+        let marker = current_marker(c, &ns.name, "up");
+        assert_eq!(
+            audit_writes(c, &ns.name, "statefulsets", "up", Some(&marker)),
+            1,
+            "TemplateUpdate {point}: one template write ({marker})"
+        );
+        assert_eq!(
+            last_outcome(&api, "up").await,
+            ("TemplateUpdate".into(), "Succeeded".into()),
+            "TemplateUpdate {point}"
+        );
+    }
+    // Delete: the workload effect (first), the prerequisites effect (second), completion.
+    let deletes = [
+        ("pv0", "before-effect"),
+        ("pv1", "after-effect"),
+        ("pv2", "before-effect:2"),
+        ("pv3", "after-effect:2"),
+        ("pv4", "before-complete"),
+    ];
+    for (name, point) in deletes {
+        let mut op = Operator::start(Some(point));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        api.delete(name, &Default::default()).await.unwrap();
+        assert_eq!(
+            op.exited(Duration::from_secs(90)).await,
+            3,
+            "Delete {point}"
+        );
+        drop(op);
+        let _op = Operator::start(None);
+        until(
+            &format!("{name} to be deleted after a kill at {point}"),
+            120,
+            &api,
+            name,
+            || async { api.get_opt(name).await.ok()?.is_none().then_some(()) },
+        )
+        .await;
+        assert_eq!(
+            audit_deletes(c, &ns.name, "deployments", name),
+            1,
+            "Delete {point}: the Deployment is deleted once"
+        );
+        for svc in [name.to_string(), format!("{name}-peers")] {
+            assert_eq!(
+                audit_deletes(c, &ns.name, "services", &svc),
+                1,
+                "Delete {point}: Service {svc} is deleted once"
+            );
+        }
+        assert_eq!(
+            audit_deletes(c, &ns.name, "networkpolicies", name),
+            1,
+            "Delete {point}"
+        );
+        assert_eq!(
+            audit_deletes(c, &ns.name, "poddisruptionbudgets", name),
+            1,
+            "Delete {point}"
+        );
+    }
+    let target = format!("{}/up", ns.name);
+    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
+        .env("KUBECONFIG", &c.admin_kubeconfig)
+        .args(["journal", "verify", &target])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "journal verify: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let _op = Operator::start(None);
+    cleanup(&client, ns).await;
+}

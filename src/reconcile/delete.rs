@@ -111,9 +111,23 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
     let live = workload::get(&client, &run.ns, &run.name, sts)
         .await
         .ctx(|| "reading the workload".into())?;
+    let workload_issued = |replayed: bool, rv: Option<String>| {
+        EntryBody::Issued(Issued {
+            step: Step::Workload,
+            effect: Effect::new(id, Step::Workload),
+            decided_on_resource_version: rv,
+            result_resource_version: None,
+            replayed,
+        })
+    };
     if let Some(w) = &live {
-        if !has(run, &Step::Workload) {
-            if !w.owned_by(&run.uid) && w.meta().deletion_timestamp.is_none() {
+        if !has(run, &Step::Workload) && w.meta().deletion_timestamp.is_some() {
+            // Killed after the delete was sent (`after-effect`): the workload is already
+            // terminating. Record the effect as replayed; never a second delete.
+            run.append(id, workload_issued(true, w.meta().resource_version.clone()))
+                .await?;
+        } else if !has(run, &Step::Workload) {
+            if !w.owned_by(&run.uid) {
                 let kind = if sts { "StatefulSet" } else { "Deployment" };
                 return Ok(Report::blocked(
                     "DeletionBlocked",
@@ -127,22 +141,21 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
                 Err(e) => return Err(e).ctx(|| "deleting the workload".into()),
             }
             failpoint::reach("after-effect");
-            let effect = Effect::new(id, Step::Workload);
             run.append(
                 id,
-                EntryBody::Issued(Issued {
-                    step: Step::Workload,
-                    effect,
-                    decided_on_resource_version: w.meta().resource_version.clone(),
-                    result_resource_version: None,
-                    replayed: false,
-                }),
+                workload_issued(false, w.meta().resource_version.clone()),
             )
             .await?;
         }
         return Ok(progress(
             "Workload deletion requested; members hand off their cells as they stop".into(),
         ));
+    }
+
+    if !has(run, &Step::Workload) && op.intent.workload_uid.is_some() {
+        // The workload the Intent recorded is gone and no Issued says so: the delete landed
+        // before a kill (`after-effect`) and the object finished terminating meanwhile.
+        run.append(id, workload_issued(true, None)).await?;
     }
 
     // 2. Every fleet claim, removed members' included, from a fresh list.
