@@ -808,7 +808,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     )
     .await
     .unwrap();
-    let _op = Operator::start(None);
+    let running = Operator::start(None);
     let outcome = until("the Scale to be canceled", 60, &api, "zeta", || async {
         let s = api.get("zeta").await.ok()?.status?;
         s.recent_operations
@@ -825,7 +825,36 @@ async fn pause_cancels_an_operation_still_in_intent() {
         "no workload write while paused"
     );
     reason(&api, "zeta", "MaintenancePaused").await;
-    // Unpausing resumes: the growth is planned again and completes.
+    // While paused nothing starts: no restart, no upgrade, no drift repair (§9).
+    api.patch(
+        "zeta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": "paused-1"}}})),
+    )
+    .await
+    .unwrap();
+    c.kubectl(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "statefulset",
+        "zeta",
+        "--type=json",
+        "-p",
+        r#"[{"op": "replace", "path": "/spec/template/spec/containers/0/readinessProbe/periodSeconds", "value": 9}]"#,
+    ])
+    .unwrap();
+    let hand_edited = audit_writes(c, &ns.name, "statefulsets", "zeta", None);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "zeta", None),
+        hand_edited,
+        "no restart, growth or drift repair while paused"
+    );
+    let st = api.get("zeta").await.unwrap().status.unwrap();
+    assert!(st.current_operation.is_none(), "{:?}", st.current_operation);
+    assert_ne!(st.last_restart_token.as_deref(), Some("paused-1"));
+    // Unpausing resumes: the growth, the restart and the repair are planned and complete.
     api.patch(
         "zeta",
         &PatchParams::default(),
@@ -833,7 +862,77 @@ async fn pause_cancels_an_operation_still_in_intent() {
     )
     .await
     .unwrap();
-    ready(&api, "zeta", 4).await;
+    until(
+        "everything asked while paused to be done",
+        180,
+        &api,
+        "zeta",
+        || async {
+            let s = api.get("zeta").await.ok()?.status?;
+            let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+                .get("zeta")
+                .await
+                .ok()?;
+            let period = sts
+                .spec?
+                .template
+                .spec?
+                .containers
+                .first()?
+                .readiness_probe
+                .clone()?
+                .period_seconds;
+            (s.current_operation.is_none()
+                && s.ready_replicas == Some(4)
+                && s.last_restart_token.as_deref() == Some("paused-1")
+                && period == Some(2))
+            .then_some(())
+        },
+    )
+    .await;
+
+    // Pause after issue does not stop an operation: killed right after its replica write,
+    // the operator restarts into a paused fleet and still completes the contraction.
+    drop(running);
+    let mut op = Operator::start(Some("after-effect"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=3"])
+        .unwrap();
+    assert_eq!(op.exited(Duration::from_secs(60)).await, 3);
+    drop(op);
+    api.patch(
+        "zeta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
+    )
+    .await
+    .unwrap();
+    let _op = Operator::start(None);
+    let outcome = until(
+        "the issued Scale to complete while paused",
+        90,
+        &api,
+        "zeta",
+        || async {
+            let s = api.get("zeta").await.ok()?.status?;
+            if s.current_operation.is_some() || s.ready_replicas != Some(3) {
+                return None;
+            }
+            s.recent_operations
+                .first()
+                .filter(|o| format!("{:?}", o.kind) == "Scale")
+                .map(|o| o.outcome.clone())
+        },
+    )
+    .await;
+    assert_eq!(outcome, "Succeeded");
+    api.patch(
+        "zeta",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"paused": false}}})),
+    )
+    .await
+    .unwrap();
     cleanup(&client, ns).await;
 }
 

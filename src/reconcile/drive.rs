@@ -187,6 +187,12 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     if op.kind == OperationKind::Delete {
         return super::delete::drive(run).await;
     }
+    if !op.issued && effect_landed(run, &op).await? {
+        // Killed after its write (`after-effect`): the operation is issued in the world even
+        // though the journal has no `Issued` yet. Record it as replayed before any cancel or
+        // deadline rule for Intent could apply.
+        return issue(run, &op).await;
+    }
     if let Some(action) = run
         .journal
         .fold()
@@ -294,6 +300,20 @@ fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
         _ => false,
     };
     changed.then_some(CancelReason::RequestChanged)
+}
+
+/// Whether the workload carries this operation's own effect marker.
+async fn effect_landed(run: &Run<'_>, op: &OpenOp) -> Result<bool, Error> {
+    let marker = Effect::new(op.id, step_of(op.kind)).to_string();
+    let live = workload::get(
+        &run.ctx.client,
+        &run.ns,
+        &run.name,
+        uses_statefulset(&run.fleet.spec),
+    )
+    .await
+    .ctx(|| "reading the workload".into())?;
+    Ok(live.is_some_and(|w| w.marker() == Some(marker.as_str())))
 }
 
 /// Issues the operation's single workload step with the guarded write.
