@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use journal::{Budget, Leader, Mirror, MirrorOptions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
@@ -190,13 +190,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     // Leader election first: a standby never reconciles.
     let leadership = Leadership::default();
-    let election = tokio::spawn(leader::run(
+    let mut election = tokio::spawn(leader::run(
         client.clone(),
         args.operator_namespace.clone(),
         identity.clone(),
         leadership.clone(),
     ));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            termination().await;
+            tracing::info!("termination signal: finishing running reconciles");
+            stop.notify_waiters();
+            // A second signal ends the process at once.
+            termination().await;
+            std::process::exit(1);
+        });
+    }
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
     while !leadership.holds() {
+        if (&mut stopped).now_or_never().is_some() {
+            tracing::info!("standby stopped");
+            return Ok(());
+        }
         if election.is_finished() {
             return Err(election
                 .await?
@@ -246,11 +264,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(identity, "leader: reconciling fleets");
     metrics.leader.set(1);
     ready.store(true, Ordering::SeqCst);
+    let client_for_release = client.clone();
     let fleets: Api<CelldFleet> = Api::all(client);
     let controller = Controller::new(fleets, watcher::Config::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(4))
         .reconcile_on(pod_events)
-        .shutdown_on_signal()
+        .graceful_shutdown_on({
+            let stop = stop.clone();
+            async move { stop.notified().await }
+        })
         .run(
             |fleet: Arc<CelldFleet>, ctx: Arc<Ctx>| async move {
                 let ns = fleet.namespace().unwrap_or_default();
@@ -280,12 +302,45 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ctx,
         )
         .for_each(|_| async {});
+    let bounded = async {
+        stop.notified().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
     tokio::select! {
         _ = controller => tracing::info!("controller stopped"),
-        result = election => {
+        _ = bounded => tracing::warn!("running reconciles did not finish within {SHUTDOWN_GRACE:?}; stopping anyway"),
+        result = &mut election => {
             let err = result.map_err(anyhow::Error::from).and_then(|r| r).err();
             anyhow::bail!("leader election ended: {}", err.map(|e| e.to_string()).unwrap_or_default());
         }
     }
+    election.abort();
+    metrics.leader.set(0);
+    match leader::release(client_for_release, &args.operator_namespace, &identity).await {
+        Ok(true) => tracing::info!(identity, "released the leader Lease"),
+        Ok(false) => tracing::info!(identity, "the leader Lease was no longer ours"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not release the leader Lease; it expires in 15 s")
+        }
+    }
     Ok(())
+}
+
+/// How long running reconciles get to reach a boundary on SIGTERM (behavior.md §1).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// SIGTERM or SIGINT.
+async fn termination() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -1129,7 +1129,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     .await
     .unwrap();
     ready(&api, "lam", 3).await; // Provision's create was the first after-effect
-    let _b = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-b");
+    let mut b = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-b");
     let upgrade = json!({"spec": {"runtimeImage": image(2)}});
     api.patch("lam", &PatchParams::default(), &Patch::Merge(upgrade))
         .await
@@ -1184,6 +1184,34 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         "{}",
         journal::audit::entry_detail(issued)
     );
+    // Graceful stop (§1): a standby exits 0 at once; the leader lets running reconciles reach
+    // a boundary, releases the Lease (holder cleared before it exits) and exits 0.
+    let mut standby = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-c");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        standby.terminate(Duration::from_secs(15)).await,
+        0,
+        "standby"
+    );
+    drop(standby);
+    assert_eq!(b.terminate(Duration::from_secs(20)).await, 0, "leader");
+    let holder = c
+        .kubectl(&[
+            "-n",
+            "celld-e2e-ha",
+            "get",
+            "lease",
+            "celld-operator",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .unwrap();
+    assert!(
+        holder.trim().is_empty(),
+        "the Lease was released: holder {holder:?}"
+    );
+    drop(b);
+    let _c = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-c");
     cleanup(&client, ns).await;
 }
 

@@ -94,6 +94,16 @@ impl OperatorProcess {
         }
     }
 
+    /// Sends SIGTERM and waits for the exit code (a graceful stop).
+    pub async fn terminate(&mut self, within: Duration) -> i32 {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
+        self.exited(within).await
+    }
+
     /// Where the log is.
     pub fn log(&self) -> &Path {
         &self.log
