@@ -146,8 +146,39 @@ impl Operator {
 /// Deletes a test namespace and waits until it is gone, while the operator still runs,
 /// so no fleet of this test is left for a later test's operator (failpoints count every
 /// fleet's boundaries).
-async fn cleanup(_client: &Client, ns: TestNamespace) {
+///
+/// First, every fleet's journal in the namespace must verify (`celld-operator journal verify`,
+/// behavior.md §18 scenario 30).
+async fn cleanup(client: &Client, ns: TestNamespace) {
+    let fleets = Api::<CelldFleet>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for f in fleets.items {
+        verify_journal(&ns.name, &f.name_any(), None);
+    }
     ns.delete_and_wait().await.unwrap();
+}
+
+/// `celld-operator journal verify NS/FLEET` passes; with `mirror`, also against the local
+/// mirror (`--source both`; the operator owning that mirror must be stopped).
+fn verify_journal(ns: &str, name: &str, mirror: Option<&std::path::Path>) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
+    cmd.env("KUBECONFIG", &cluster().admin_kubeconfig).args([
+        "journal",
+        "verify",
+        &format!("{ns}/{name}"),
+    ]);
+    if let Some(dir) = mirror {
+        cmd.args(["--source", "both", "--journal-dir"]).arg(dir);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "journal verify {ns}/{name} (mirror {mirror:?}): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
@@ -763,16 +794,11 @@ async fn scale_drills_issue_each_effect_exactly_once() {
             "{point}: exactly one write for {marker}"
         );
     }
-    let target = format!("{}/eps", ns.name);
-    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
-        .env("KUBECONFIG", &c.admin_kubeconfig)
-        .args(["journal", "verify", &target])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "journal verify: {}",
-        String::from_utf8_lossy(&out.stdout)
+    // Every operator of the drills is stopped: the annotation and the mirror agree.
+    verify_journal(
+        &ns.name,
+        "eps",
+        Some(&work_dir().join("celld-operator-e2e/journal")),
     );
     let _op = Operator::start(None); // deletion needs a running operator
     cleanup(&client, ns).await;
@@ -1501,6 +1527,24 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
         text.contains(&format!("celld_journal_stalled_operations{{{labels}}} 1")),
         "{text}"
     );
+    // `kubectl describe` shows the current operation and its journal events.
+    let described = c
+        .kubectl(&["-n", &ns.name, "describe", "celldfleet", "sigma"])
+        .unwrap();
+    for want in [
+        "Current Operation",
+        op_id.as_str(),
+        "Upgrade",
+        "Recent Operations",
+        "Provision",
+        "OperationStalled",
+        "OperationIssued",
+    ] {
+        assert!(
+            described.contains(want),
+            "describe lacks {want}:\n{described}"
+        );
+    }
     // Still open and still driven: nothing else is planned meanwhile.
     let target = format!("{}/sigma", ns.name);
     let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
