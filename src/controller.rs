@@ -130,6 +130,28 @@ async fn replay_mirror(ctx: &Ctx) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Consecutive failed reconciles of a fleet: incremented on a failure (returns the new
+/// count), cleared on a success.
+fn error_streak(ctx: &Ctx, key: &str, failed: bool) -> u32 {
+    let Ok(mut map) = ctx.error_streaks.lock() else {
+        return 1;
+    };
+    if failed {
+        let n = map.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    } else {
+        map.remove(key);
+        0
+    }
+}
+
+/// Error backoff (behavior.md §1): 1 s, 2 s, 4 s … capped at 60 s.
+fn error_backoff(streak: u32) -> Duration {
+    let exp = streak.saturating_sub(1).min(6);
+    Duration::from_secs((1u64 << exp).min(60))
+}
+
 /// FNV-1a-32 of the fleet UID modulo 2000 ms: spreads resyncs of many fleets.
 fn jitter(uid: &str) -> Duration {
     let mut h: u32 = 0x811c_9dc5;
@@ -250,6 +272,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership: Some(leadership.clone()),
         metrics: metrics.clone(),
         seen: Default::default(),
+        error_streaks: Default::default(),
         restart_baseline: Default::default(),
         watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
         recorder: Some(kube::runtime::events::Recorder::new(
@@ -290,14 +313,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                         .inc();
                 }
                 let next = result?;
+                error_streak(&ctx, &format!("{ns}/{name}"), false);
+                let jitter = jitter(&fleet.uid().unwrap_or_default());
                 Ok::<_, reconcile::Error>(match next {
                     Next::Soon => Action::requeue(reconcile::SOON),
-                    Next::Later => Action::requeue(reconcile::LATER + jitter(&fleet.uid().unwrap_or_default())),
+                    Next::Blocked => Action::requeue(reconcile::BLOCKED + jitter),
+                    Next::Later => Action::requeue(reconcile::LATER + jitter),
                 })
             },
-            |fleet: Arc<CelldFleet>, error: &reconcile::Error, _ctx: Arc<Ctx>| {
-                tracing::warn!(fleet = %fleet.name_any(), category = error.category(), error = %error, "reconcile failed");
-                Action::requeue(Duration::from_secs(if error.category() == "Conflict" { 1 } else { 5 }))
+            |fleet: Arc<CelldFleet>, error: &reconcile::Error, ctx: Arc<Ctx>| {
+                let key = format!("{}/{}", fleet.namespace().unwrap_or_default(), fleet.name_any());
+                let delay = error_backoff(error_streak(&ctx, &key, true));
+                tracing::warn!(fleet = %key, category = error.category(), error = %error, retry_in = ?delay, "reconcile failed");
+                Action::requeue(delay)
             },
             ctx,
         )
@@ -342,5 +370,23 @@ async fn termination() {
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_back_off_from_one_second_to_a_minute() {
+        let secs: Vec<u64> = (1..=9).map(|n| error_backoff(n).as_secs()).collect();
+        assert_eq!(secs, vec![1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    #[test]
+    fn jitter_is_stable_per_fleet_and_below_two_seconds() {
+        assert_eq!(jitter("a-uid"), jitter("a-uid"));
+        assert!(jitter("a-uid") < Duration::from_secs(2));
+        assert_ne!(jitter("a-uid"), jitter("another-uid"));
     }
 }

@@ -1593,6 +1593,57 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     .await
     .unwrap();
     ready(&api, "sigma", 3).await;
+    // Superseded (§3.4 recommended default): a second bad Upgrade waits for a member that never
+    // turns Ready; asking for a good image closes it (Abandoned by the operator) at once.
+    api.patch(
+        "sigma",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": missing}})),
+    )
+    .await
+    .unwrap();
+    let stuck = until(
+        "the second bad Upgrade to be issued",
+        60,
+        &api,
+        "sigma",
+        || async {
+            let cur = api.get("sigma").await.ok()?.status?.current_operation?;
+            (format!("{:?}", cur.kind) == "Upgrade" && format!("{:?}", cur.phase) == "Issued")
+                .then_some(cur.id)
+        },
+    )
+    .await;
+    api.patch(
+        "sigma",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": image(3)}})),
+    )
+    .await
+    .unwrap();
+    until("the good image to roll out", 120, &api, "sigma", || async {
+        let s = api.get("sigma").await.ok()?.status?;
+        let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name)
+            .get("sigma")
+            .await
+            .ok()?;
+        let live = sts.spec?.template.spec?.containers.first()?.image.clone()?;
+        (s.current_operation.is_none() && s.ready_replicas == Some(3) && live == image(3))
+            .then_some(())
+    })
+    .await;
+    let journal = celld_operator::journal_store::load(&api.get("sigma").await.unwrap()).unwrap();
+    let closing = journal
+        .entries()
+        .iter()
+        .filter(|e| e.op().to_string() == stuck)
+        .next_back()
+        .map(journal::audit::entry_detail)
+        .unwrap();
+    assert!(
+        closing.contains("Superseded") && closing.contains("operator"),
+        "{closing}"
+    );
     let history = api
         .get("sigma")
         .await

@@ -8,7 +8,7 @@
 
 use journal::{
     CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
-    Observed, OperationId, OperationKind, Phase, Step, Target,
+    Observed, OperationId, OperationKind, PersonAction, Phase, Step, Target,
 };
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
@@ -248,7 +248,23 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 )
                 .await?;
             }
-            Err(waiting) => return Ok(progress(&op, &waiting)),
+            Err(waiting) => {
+                if let Some(why) = superseded(run, &op) {
+                    run.append(
+                        op.id,
+                        EntryBody::Abandoned(PersonAction {
+                            by: "operator".into(),
+                            reason: Some(format!("Superseded: {why}")),
+                        }),
+                    )
+                    .await?;
+                    return Ok(Report::provisioning(format!(
+                        "{} {} was superseded ({why}) while waiting for the rollout; planning again",
+                        op.kind, op.id
+                    )));
+                }
+                return Ok(progress(&op, &waiting));
+            }
         }
     }
     failpoint::reach("before-complete");
@@ -279,6 +295,38 @@ fn observed_note(op: &OpenOp) -> String {
         ),
         _ => "rolled out".into(),
     }
+}
+
+/// The recommended default of behavior.md §3.4 ("Open"): an issued rolling template operation
+/// that only waits for the workload controller is closed with
+/// `Abandoned{by: operator, reason: Superseded}` when the spec now asks for another image or a
+/// new restart token, so a corrective change (e.g. away from an image that never turns Ready)
+/// is planned at once. Never while paused, and never for contractions or deletions (they
+/// remove members or disks).
+fn superseded(run: &Run<'_>, op: &OpenOp) -> Option<String> {
+    let spec = &run.fleet.spec;
+    if spec.maintenance.as_ref().is_some_and(|m| m.paused) {
+        return None;
+    }
+    if !matches!(
+        op.kind,
+        OperationKind::Upgrade | OperationKind::Restart | OperationKind::TemplateUpdate
+    ) {
+        return None;
+    }
+    if let (Some(asked), Some(now)) = (op.intent.image.as_deref(), spec.runtime_image.as_deref()) {
+        if asked != now {
+            return Some(format!("runtimeImage is now {now}"));
+        }
+    }
+    let token = spec
+        .maintenance
+        .as_ref()
+        .and_then(|m| m.restart_token.as_deref())
+        .filter(|t| !t.is_empty())?;
+    let new = op.intent.token.as_deref() != Some(token)
+        && run.journal.last_restart_token() != Some(token);
+    new.then(|| format!("restart token {token} was requested"))
 }
 
 /// Cancel rules before issue (behavior.md §3.4).

@@ -55,6 +55,8 @@ pub struct Ctx {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Fleets reconciled since this process started (to count replays of open operations).
     pub seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Consecutive failed reconciles per fleet (`ns/name`), for the error backoff.
+    pub error_streaks: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Restart counts of members seen by this process (Pod UID → restartCount): the
     /// baseline for `MemberSelfFenced`, kept in memory and not re-emitted after a restart.
     pub restart_baseline: std::sync::Mutex<std::collections::HashMap<String, i32>>,
@@ -340,6 +342,10 @@ pub(crate) fn owned<K: Resource>(obj: &K, uid: &str) -> bool {
 pub enum Next {
     /// Soon: something is moving (an open operation, a wait).
     Soon,
+    /// Blocked on a person or on an object the operator does not watch (a ServiceAccount, a
+    /// StorageClass, a foreign object): look again after [`BLOCKED`]; changes of the fleet
+    /// and of watched objects still trigger at once.
+    Blocked,
     /// At the slow resync.
     Later,
 }
@@ -431,10 +437,10 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     record_metrics(&run, &status);
     run.self_fence_events(&pods).await;
     Ok(
-        if report.class == Class::Done && run.journal.fold().current().is_none() {
-            Next::Later
-        } else {
-            Next::Soon
+        match (report.class, run.journal.fold().current().is_some()) {
+            (Class::Done, false) => Next::Later,
+            (Class::Blocked | Class::BlockedInfraReady, _) => Next::Blocked,
+            _ => Next::Soon,
         },
     )
 }
@@ -575,3 +581,6 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
 pub const SOON: Duration = Duration::from_secs(2);
 /// Slow resync.
 pub const LATER: Duration = Duration::from_secs(600);
+
+/// Re-check interval of a blocked fleet.
+pub const BLOCKED: Duration = Duration::from_secs(30);
