@@ -1636,8 +1636,7 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     let closing = journal
         .entries()
         .iter()
-        .filter(|e| e.op().to_string() == stuck)
-        .next_back()
+        .rfind(|e| e.op().to_string() == stuck)
         .map(journal::audit::entry_detail)
         .unwrap();
     assert!(
