@@ -1887,6 +1887,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
         .unwrap();
         ready(&api, "up", 3).await;
     }
+    let up_claims = claim_uids_of(&client, &ns.name, "up", 3).await;
     for (i, point) in points.iter().enumerate() {
         let img = image(2 + i as u8);
         let mut op = kill(point).await;
@@ -1933,6 +1934,11 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Upgrade {point}"
         );
     }
+    assert_eq!(
+        claim_uids_of(&client, &ns.name, "up", 3).await,
+        up_claims,
+        "upgrades roll on the retained disks"
+    );
     // TemplateUpdate: a hand edit of the template is drift, repaired by one guarded write.
     for (i, point) in ["before-effect", "after-effect"].iter().enumerate() {
         let mut op = kill(point).await;
@@ -2048,4 +2054,136 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
     );
     let _op = Operator::start(None);
     cleanup(&client, ns).await;
+}
+
+/// Scale Intents of a fleet's journal, as `from->to`, oldest first.
+async fn scale_intents(api: &Api<CelldFleet>, name: &str) -> Vec<String> {
+    let journal = celld_operator::journal_store::load(&api.get(name).await.unwrap()).unwrap();
+    journal
+        .entries()
+        .iter()
+        .map(journal::audit::entry_detail)
+        .filter_map(|d| {
+            d.strip_prefix("Scale ")
+                .map(|r| r.split_whitespace().next().unwrap_or("").to_string())
+        })
+        .collect()
+}
+
+/// PersistentFleet growth on a fresh claim, contraction 3→1 with the operator killed between
+/// the two steps, and regrowth 1→3 onto the kept disks in one run (behavior.md §18 scenarios
+/// 8–10): one replica write per step, every claim identity unchanged.
+#[tokio::test]
+async fn contraction_resumes_between_steps_and_regrowth_reattaches_kept_disks() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("contract").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let mut f =
+        serde_json::to_value(fleet("nu", "PersistentFleet", 2, &unique_bucket("nu"))).unwrap();
+    f["spec"]["placement"] = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
+    let f: CelldFleet = serde_json::from_value(f).unwrap();
+    {
+        let _op = Operator::start(None);
+        api.create(&PostParams::default(), &f).await.unwrap();
+        ready(&api, "nu", 2).await;
+        // 2→3: a fresh claim, one replica write.
+        assert!(claim_uid(&client, &ns.name, "data-nu-2").await.is_none());
+        c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=3"])
+            .unwrap();
+        ready(&api, "nu", 3).await;
+        let marker = current_marker(c, &ns.name, "nu");
+        assert_eq!(
+            audit_writes(c, &ns.name, "statefulsets", "nu", Some(&marker)),
+            1
+        );
+    }
+    let claims: Vec<Option<String>> = claim_uids_of(&client, &ns.name, "nu", 3).await;
+    assert!(claims.iter().all(Option::is_some), "{claims:?}");
+    // 3→1, killed when it decides the second step.
+    let mut op = Operator::start(Some("before-intent:2"));
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=1"])
+        .unwrap();
+    assert_eq!(
+        op.exited(Duration::from_secs(90)).await,
+        3,
+        "killed between the steps"
+    );
+    drop(op);
+    let applied = api
+        .get("nu")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .applied_replicas;
+    assert_eq!(
+        applied,
+        Some(2),
+        "the first step removed exactly one member"
+    );
+    {
+        let _op = Operator::start(None);
+        ready(&api, "nu", 1).await;
+    }
+    // Every claim stays (Retain); the operator wrote each step once.
+    assert_eq!(claim_uids_of(&client, &ns.name, "nu", 3).await, claims);
+    let intents = scale_intents(&api, "nu").await;
+    assert_eq!(
+        intents,
+        vec!["2->3", "3->2", "2->1"],
+        "one member per contraction step"
+    );
+    // 1→3: both kept disks are reattached in one run.
+    let _op = Operator::start(None);
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=3"])
+        .unwrap();
+    ready(&api, "nu", 3).await;
+    assert_eq!(
+        claim_uids_of(&client, &ns.name, "nu", 3).await,
+        claims,
+        "kept disks reattached"
+    );
+    let intents = scale_intents(&api, "nu").await;
+    assert_eq!(
+        intents.last().map(String::as_str),
+        Some("1->3"),
+        "{intents:?}"
+    );
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap();
+    let replica_markers: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["objectRef"]["namespace"] == ns.name.as_str()
+                && e["objectRef"]["resource"] == "statefulsets"
+                && e["verb"] == "update"
+        })
+        .filter_map(|e| {
+            e["requestObject"]["metadata"]["annotations"]["celld.eric.dev/effect"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    let unique: std::collections::BTreeSet<&String> = replica_markers.iter().collect();
+    assert_eq!(
+        unique.len(),
+        replica_markers.len(),
+        "no marker written twice: {replica_markers:?}"
+    );
+    assert_eq!(
+        replica_markers.len(),
+        4,
+        "2→3, 3→2, 2→1, 1→3: {replica_markers:?}"
+    );
+    cleanup(&client, ns).await;
+}
+
+/// UIDs of the claims `data-<name>-0..n`.
+async fn claim_uids_of(client: &Client, ns: &str, name: &str, n: i32) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        out.push(claim_uid(client, ns, &format!("data-{name}-{i}")).await);
+    }
+    out
 }
