@@ -232,6 +232,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let stopped = stop.notified();
     tokio::pin!(stopped);
+    // A standby is ready as soon as it runs (it keeps no caches and issues nothing), so a
+    // two-replica install becomes Ready; the leader is ready again once journals are replayed.
+    ready.store(true, Ordering::SeqCst);
     while !leadership.holds() {
         if (&mut stopped).now_or_never().is_some() {
             tracing::info!("standby stopped");
@@ -245,6 +248,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    ready.store(false, Ordering::SeqCst);
     let mirror = Mirror::open(
         &args.journal_dir,
         MirrorOptions {

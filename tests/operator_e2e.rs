@@ -1212,8 +1212,29 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     );
     // Graceful stop (§1): a standby exits 0 at once; the leader lets running reconciles reach
     // a boundary, releases the Lease (holder cleared before it exits) and exits 0.
-    let mut standby = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-c");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let health = format!("127.0.0.1:{}", 40000 + std::process::id() % 20000);
+    let mut opts = Operator::options(None, &admin, "celld-e2e-ha", "replica-c");
+    opts.metrics_addr = None;
+    opts.health_addr = Some(health.clone());
+    let mut standby = OperatorProcess::start(&opts);
+    let probe = |path: &'static str| {
+        let health = health.clone();
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut sock = tokio::net::TcpStream::connect(&health).await.ok()?;
+            sock.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+                .await
+                .ok()?;
+            let mut out = String::new();
+            sock.read_to_string(&mut out).await.ok()?;
+            out.lines().next().map(str::to_string)
+        }
+    };
+    until("the standby to be ready", 30, &api, "lam", || async {
+        probe("/readyz").await.filter(|l| l.contains("200"))
+    })
+    .await;
+    assert!(probe("/livez").await.unwrap_or_default().contains("200"));
     assert_eq!(
         standby.terminate(Duration::from_secs(15)).await,
         0,

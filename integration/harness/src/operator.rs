@@ -22,6 +22,8 @@ pub struct OperatorOptions {
     pub metrics_addr: Option<String>,
     /// `--fault-point=NAME[:N]`, if any.
     pub fault_point: Option<String>,
+    /// `--health-bind-address` (`/livez`, `/readyz`); off when `None`.
+    pub health_addr: Option<String>,
     /// Leave out `--network-policy-enforced` (the IsolationUnverified gate).
     pub without_network_policy_attestation: bool,
     /// Further `run` flags, e.g. `--operation-deadline=20s`.
@@ -56,7 +58,7 @@ impl OperatorProcess {
                 "--operator-namespace",
                 &opts.operator_namespace,
                 "--health-bind-address",
-                "0",
+                opts.health_addr.as_deref().unwrap_or("0"),
             ])
             .arg("--journal-dir")
             .arg(dir.join("journal"))
