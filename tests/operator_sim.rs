@@ -61,7 +61,17 @@ async fn claim_uids(client: &Client, ns: &str) -> std::collections::BTreeMap<Str
 }
 
 async fn member_urls(bed: &TestBed, client: &Client, ns: &str, n: i32) -> Vec<String> {
-    let names: Vec<String> = (0..n).map(|i| format!("beta-{i}")).collect();
+    fleet_member_urls(bed, client, ns, "beta", n).await
+}
+
+async fn fleet_member_urls(
+    bed: &TestBed,
+    client: &Client,
+    ns: &str,
+    fleet: &str,
+    n: i32,
+) -> Vec<String> {
+    let names: Vec<String> = (0..n).map(|i| format!("{fleet}-{i}")).collect();
     bed.member_urls(client, ns, &names)
         .await
         .expect("member URLs")
@@ -215,6 +225,136 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
         4,
         "Provision, two Scales, Restart; a self-fence opens none"
     );
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// behavior.md §18 scenarios 8–10 with simulator members: PersistentFleet 2→3 on a fresh
+/// claim, 3→1 with the operator killed between the two steps, 1→3 back onto the kept disks;
+/// the ledger reads every acknowledged ID after each phase, the one-member-down sampler never
+/// fires, and every claim keeps its identity.
+#[tokio::test]
+async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = bed.namespace(&client, "opsim2").await.unwrap();
+    let _ = bed
+        .cluster
+        .kubectl(&["create", "namespace", "celld-sim-e2e2"]);
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let bucket = bed.unique_bucket("opsim2").unwrap();
+    let options = |fault_point: Option<&str>| OperatorOptions {
+        binary: env!("CARGO_BIN_EXE_celld-operator").into(),
+        kubeconfig: bed.kubeconfig().into(),
+        operator_namespace: "celld-sim-e2e2".into(),
+        identity: "celld-operator-sim2".into(),
+        work_dir: bed
+            .cluster
+            .work_dir
+            .join(format!("operator-sim2-{}", std::process::id())),
+        fault_point: fault_point.map(str::to_string),
+        ..Default::default()
+    };
+    let mut op = OperatorProcess::start(&options(None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let fleet: CelldFleet = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+        "metadata": {"name": "gamma"},
+        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": 2,
+                 "serviceAccountName": "celld",
+                 "storage": {"bucket": bucket, "region": "us-east-1", "storageClassName": STORAGE_CLASS, "sizeGiB": 1},
+                 "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
+                 "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
+                 "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &fleet).await.unwrap();
+    wait_settled(&api, "gamma", 2, &op.log).await;
+    let sampler = bed.sampler(&client, &ns.name, Expect::StatefulSet("gamma".into()), 1);
+    let mut ledger = Ledger::new(&format!("opsim2-{}", &ns.name));
+    let urls = |n: i32| fleet_member_urls(bed, &client, &ns.name, "gamma", n);
+    ledger
+        .phase(&urls(2).await)
+        .await
+        .expect("ledger after provision");
+    let scale = |n: i32| {
+        bed.cluster.kubectl(&[
+            "-n",
+            &ns.name,
+            "scale",
+            "celldfleet/gamma",
+            &format!("--replicas={n}"),
+        ])
+    };
+
+    let before_growth = claim_uids(&client, &ns.name).await;
+    assert_eq!(before_growth.len(), 2);
+    scale(3).unwrap();
+    wait_settled(&api, "gamma", 3, &op.log).await;
+    ledger
+        .phase(&urls(3).await)
+        .await
+        .expect("ledger after 2->3");
+    let claims = claim_uids(&client, &ns.name).await;
+    assert_eq!(
+        claims.len(),
+        3,
+        "a fresh claim for the new member: {claims:?}"
+    );
+    assert!(before_growth.iter().all(|(k, v)| claims.get(k) == Some(v)));
+
+    // 3→1 with a kill when the second step is decided.
+    drop(op);
+    let mut killed = OperatorProcess::start(&options(Some("before-intent:2")));
+    scale(1).unwrap();
+    assert_eq!(killed.exited(Duration::from_secs(180)).await, 3);
+    drop(killed);
+    ledger
+        .phase(&urls(2).await)
+        .await
+        .expect("ledger between the two steps");
+    op = OperatorProcess::start(&options(None));
+    wait_settled(&api, "gamma", 1, &op.log).await;
+    ledger
+        .phase(&urls(1).await)
+        .await
+        .expect("ledger after 3->1");
+    assert_eq!(
+        claim_uids(&client, &ns.name).await,
+        claims,
+        "Retain keeps every disk"
+    );
+    sampler.finish().await.assert_ok();
+
+    // A growth run adds both kept members at once (both join unready, which is not "down");
+    // the member that was already there never goes down meanwhile.
+    let sampler = bed.sampler(&client, &ns.name, Expect::Names(vec!["gamma-0".into()]), 0);
+    scale(3).unwrap();
+    wait_settled(&api, "gamma", 3, &op.log).await;
+    ledger
+        .phase(&urls(3).await)
+        .await
+        .expect("ledger after 1->3");
+    assert_eq!(
+        claim_uids(&client, &ns.name).await,
+        claims,
+        "kept disks reattached"
+    );
+    sampler.finish().await.assert_ok();
+    let journal = celld_operator::journal_store::load(&api.get("gamma").await.unwrap()).unwrap();
+    let scales: Vec<String> = journal
+        .entries()
+        .iter()
+        .map(journal::audit::entry_detail)
+        .filter(|d| d.starts_with("Scale "))
+        .collect();
+    assert_eq!(scales.len(), 4, "2->3, 3->2, 2->1, 1->3: {scales:?}");
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }
