@@ -362,6 +362,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     .await
     .unwrap();
     ready(&api, "beta", 3).await;
+    assert_rendered(&client, &ns.name, "beta").await;
 
     // Rendered objects exist and are owned; the reservation binds the bucket.
     let uid = api.get("beta").await.unwrap().uid().unwrap();
@@ -511,6 +512,7 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
     .await
     .unwrap();
     ready(&api, "alpha", 3).await;
+    assert_rendered(&client, &ns.name, "alpha").await;
     api.patch(
         "alpha",
         &PatchParams::default(),
@@ -1081,6 +1083,7 @@ async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
     f.spec.bucket_workload = celld_operator::api::BucketWorkload::Ordered;
     api.create(&PostParams::default(), &f).await.unwrap();
     ready(&api, "kappa", 3).await;
+    assert_rendered(&client, &ns.name, "kappa").await;
     let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
     let mut uids = Vec::new();
     for (i, zone) in ["us-east-1a", "us-east-1b", "us-east-1c"]
@@ -2207,4 +2210,77 @@ async fn claim_uids_of(client: &Client, ns: &str, name: &str, n: i32) -> Vec<Opt
         out.push(claim_uid(client, ns, &format!("data-{name}-{i}")).await);
     }
     out
+}
+
+/// Every object of the fleet equals the operator's own rendering (behavior.md §4, compared as
+/// §4.4 "Equal"): NetworkPolicy, PDB, both Services and the workload's spec.
+async fn assert_rendered(client: &Client, ns: &str, name: &str) {
+    use celld_operator::reconcile::compare::{first_difference, rendered_matches};
+    use celld_operator::render::{self, FleetRef, RenderSettings, Workload};
+    let f = Api::<CelldFleet>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .unwrap();
+    let uid = f.uid().unwrap();
+    let reservation = f
+        .status
+        .as_ref()
+        .and_then(|s| s.reservation.clone())
+        .unwrap();
+    let fr = FleetRef {
+        name,
+        namespace: ns,
+        uid: &uid,
+        spec: &f.spec,
+    };
+    let settings = RenderSettings {
+        operator_namespace: "celld-e2e".into(),
+        local_test: true,
+    };
+    fn check(what: &str, want: Value, live: Value) {
+        assert!(
+            rendered_matches(&want["spec"], &live["spec"]),
+            "{what} differs from the rendering at {:?}:\nwant {}\nlive {}",
+            first_difference(&want["spec"], &live["spec"], "spec"),
+            want["spec"],
+            live["spec"]
+        );
+    }
+    let get = |kind: &str, n: &str| {
+        let out = cluster()
+            .kubectl(&["-n", ns, "get", kind, n, "-o", "json"])
+            .unwrap();
+        serde_json::from_str::<Value>(&out).unwrap()
+    };
+    check(
+        "NetworkPolicy",
+        serde_json::to_value(render::network_policy(&fr, &settings)).unwrap(),
+        get("networkpolicy", name),
+    );
+    check(
+        "PodDisruptionBudget",
+        serde_json::to_value(render::pod_disruption_budget(&fr)).unwrap(),
+        get("poddisruptionbudget", name),
+    );
+    check(
+        "Service",
+        serde_json::to_value(render::service(&fr)).unwrap(),
+        get("service", name),
+    );
+    check(
+        "peers Service",
+        serde_json::to_value(render::peers_service(&fr)).unwrap(),
+        get("service", &format!("{name}-peers")),
+    );
+    let sts = render::uses_statefulset(&f.spec);
+    let live = get(if sts { "statefulset" } else { "deployment" }, name);
+    let token = live["spec"]["template"]["metadata"]["annotations"]["celld.eric.dev/restart-token"]
+        .as_str()
+        .map(str::to_string);
+    let template = render::pod_template(&fr, &settings, token.as_deref());
+    let want = match render::render_workload(&fr, f.spec.replicas, template, &reservation) {
+        Workload::StatefulSet(w) => serde_json::to_value(*w).unwrap(),
+        Workload::Deployment(w) => serde_json::to_value(*w).unwrap(),
+    };
+    check("workload", want, live);
 }

@@ -6,7 +6,7 @@
 //! Retire contractions and strict proofs, coordinated restarts, member replacement and
 //! self-healing, leader election, Events and metrics (see README "Status of this tree").
 
-mod compare;
+pub mod compare;
 mod delete;
 mod drive;
 mod plan;
