@@ -108,6 +108,7 @@ pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
 }
 
 /// The reservation: a plain create arbitrates; AlreadyExists → compare (behavior.md §5).
+/// An existing one is read and compared without a create attempt.
 async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
     let api = Api::<CelldStorageReservation>::all(run.ctx.client.clone());
     let bucket = run.fleet.spec.storage.bucket.clone();
@@ -123,13 +124,23 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         )]
         .into(),
     );
-    let existing = match api.create(&PostParams::default(), &want).await {
-        Ok(created) => created,
-        Err(kube::Error::Api(s)) if s.code == 409 => api
-            .get(&name)
-            .await
-            .ctx(|| format!("reading reservation {name}"))?,
-        Err(e) => return Err(e).ctx(|| format!("creating reservation {name}")),
+    // Read first: at rest the reservation exists and a create would only be refused
+    // (one failed write per reconcile). When absent, the create still arbitrates between
+    // fleets, namespaces and operator replicas; losing it means a fresh read and compare.
+    let existing = match api
+        .get_opt(&name)
+        .await
+        .ctx(|| format!("reading reservation {name}"))?
+    {
+        Some(r) => r,
+        None => match api.create(&PostParams::default(), &want).await {
+            Ok(created) => created,
+            Err(kube::Error::Api(s)) if s.code == 409 => api
+                .get(&name)
+                .await
+                .ctx(|| format!("reading reservation {name}"))?,
+            Err(e) => return Err(e).ctx(|| format!("creating reservation {name}")),
+        },
     };
     let have = &existing.spec;
     // The hash covers `initialReplicas` as recorded at creation, not today's replicas.
