@@ -2,6 +2,7 @@
 #
 #   make demo     local control plane + CRDs + sample fleets (README's first command)
 #   make test     everything: checks, unit tests, real-cluster suites (README's second command)
+#   make bench    journal benchmarks + operator benchmark on its own control plane (~12 min)
 #
 # Expensive builds (control-plane binaries, cargo-installed tools) are cached outside the
 # checkout under $(CACHE), keyed by content hashes; a warm cache makes them no-ops.
@@ -16,13 +17,14 @@ export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
 KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
 
 .PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
-        chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench fuzz clean-cluster help
+        chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench bench-journal \
+        bench-operator fuzz clean-cluster help
 
 all: build
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
-	@echo "other targets: deps build control-plane crds check test-fast cluster-up cluster-down bench fuzz"
+	@echo "other targets: deps build control-plane crds check test-fast cluster-up cluster-down bench bench-journal bench-operator fuzz"
 
 ## deps: Debian packages and toolchain pieces the build and tests need (idempotent).
 deps:
@@ -126,9 +128,26 @@ demo: control-plane store-tools
 demo-down:
 	integration/demo.sh down
 
-## bench: journal benchmarks (criterion); medians are reported in issue notes.
-bench:
+## bench: journal benchmarks (criterion) and the operator benchmark (integration/bench/README.md).
+bench: bench-journal bench-operator
+
+## bench-journal: journal benchmarks (criterion); medians are reported in issue notes.
+bench-journal:
+	@echo "==> journal benchmarks (criterion)"
 	$(CARGO) bench -p celld-journal
+
+## bench-operator: pod-ready → next effect latency, API requests per operation, at-rest API
+## traffic and RSS of the real operator binary, against its own control plane
+## (.work/bench-cluster, ports from 17400: the dev cluster is left alone), the test kubelet and
+## no-process members. Release builds: a debug operator's CPU time and RSS are not what ships.
+## Prints a table and writes target/bench/operator.json. BENCH_ARGS passes options
+## (e.g. BENCH_ARGS='--fleets 20 --rss-fleets 0,50 --at-rest-window 60s'; --help lists them).
+BENCH_ARGS ?=
+bench-operator: control-plane
+	@echo "==> building celld-operator, celld-test-kubelet, celld-bench (release; a few minutes when cold)"
+	$(CARGO) build --release -p celld-operator -p celld-test-kubelet -p celld-bench
+	@echo "==> operator benchmark (~12 min with the defaults; progress on stderr)"
+	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
 
 ## fuzz: bounded fuzzing of the journal decoder and command parser.
 FUZZ_SECONDS ?= 60
