@@ -277,6 +277,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         seen: Default::default(),
         error_streaks: Default::default(),
+        gates_verified: Default::default(),
         restart_baseline: Default::default(),
         watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
         recorder: Some(kube::runtime::events::Recorder::new(

@@ -55,8 +55,11 @@ pub async fn run(
     state: Leadership,
 ) -> anyhow::Result<()> {
     let api: Api<Lease> = Api::namespaced(client, &namespace);
+    // The Lease as last written by us: a renewal is one compare-and-swap PUT on it, and only
+    // a conflict (someone else wrote it) costs a fresh GET.
+    let mut last: Option<Lease> = None;
     loop {
-        let acquired = try_acquire_or_renew(&api, &identity, &state).await;
+        let acquired = try_acquire_or_renew(&api, &identity, &state, &mut last).await;
         match acquired {
             Ok(true) => {
                 if !state.leading.swap(true, Ordering::SeqCst) {
@@ -90,7 +93,26 @@ async fn try_acquire_or_renew(
     api: &Api<Lease>,
     identity: &str,
     state: &Leadership,
+    last: &mut Option<Lease>,
 ) -> Result<bool, kube::Error> {
+    if let Some(mut lease) = last.take() {
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() == Some(identity) {
+            spec.renew_time = Some(now_micro());
+            match api
+                .replace(LEASE_NAME, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(written) => {
+                    *last = Some(written);
+                    return Ok(true);
+                }
+                // Written by someone else since: decide from a fresh read below.
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     let Some(mut lease) = api.get_opt(LEASE_NAME).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
@@ -107,8 +129,9 @@ async fn try_acquire_or_renew(
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => {
+            Ok(written) => {
                 state.transitions.store(0, Ordering::SeqCst);
+                *last = Some(written);
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
@@ -136,8 +159,9 @@ async fn try_acquire_or_renew(
         .replace(LEASE_NAME, &PostParams::default(), &lease)
         .await
     {
-        Ok(_) => {
+        Ok(written) => {
             state.transitions.store(transitions, Ordering::SeqCst);
+            *last = Some(written);
             Ok(true)
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),

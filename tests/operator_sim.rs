@@ -2,6 +2,7 @@
 //! PersistentFleet's life keeps every acknowledged ledger ID, and the one-member-down
 //! sampler never sees two members down.
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use celld_harness::operator::{OperatorOptions, OperatorProcess};
@@ -13,6 +14,11 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+
+/// Each test runs its own operator, and an operator reconciles every fleet of the cluster:
+/// the tests of this binary run one at a time so no operator acts on another test's fleet
+/// (failpoints count every fleet's boundaries).
+static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
 
 /// Polls `check` every 500 ms until it holds, or fails naming `what` and the operator log.
 async fn poll_until<F, Fut>(what: &str, secs: u64, log: &std::path::Path, mut check: F)
@@ -79,6 +85,7 @@ async fn fleet_member_urls(
 
 #[tokio::test]
 async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
+    let _serial = SERIAL.lock().await;
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();
@@ -235,6 +242,7 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
 /// fires, and every claim keeps its identity.
 #[tokio::test]
 async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
+    let _serial = SERIAL.lock().await;
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();

@@ -778,6 +778,14 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                     claim_resource_version: None,
                 });
             }
+            // Every operation but a contraction creates Pods or claims: the ServiceAccount and
+            // StorageClass are read fresh right before it is decided (behavior.md §1 "Reads").
+            let contraction = kind == OperationKind::Scale && to < from;
+            if !contraction {
+                if let Some(report) = super::prereq::identity_and_storage(run).await? {
+                    return Ok(report);
+                }
+            }
             failpoint::reach("before-intent");
             let id = OperationId::new_v4();
             let intent = Intent {

@@ -55,6 +55,9 @@ pub struct Ctx {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Fleets reconciled since this process started (to count replays of open operations).
     pub seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Fleet UID → (generation, when) of the last ServiceAccount/StorageClass verification.
+    pub gates_verified:
+        std::sync::Mutex<std::collections::HashMap<String, (i64, std::time::Instant)>>,
     /// Consecutive failed reconciles per fleet (`ns/name`), for the error backoff.
     pub error_streaks: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Restart counts of members seen by this process (Pod UID → restartCount): the
@@ -552,9 +555,14 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     if let Some(report) = zone_gate::release(run).await? {
         return Ok(report);
     }
-    // 10. Drive the open operation (also while paused once issued).
+    // 10. Drive the open operation (also while paused once issued). When it closes here
+    // (completed, canceled, abandoned), the steps below go on in the same reconcile and the
+    // next operation is planned at once from fresh reads, instead of one wake-up later.
     if run.journal.fold().current().is_some() {
-        return drive::drive_open(run).await;
+        let report = drive::drive_open(run).await?;
+        if run.journal.fold().current().is_some() {
+            return Ok(report);
+        }
     }
     // 11. Pause.
     if run

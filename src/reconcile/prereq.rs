@@ -40,7 +40,6 @@ pub async fn ensure_finalizer(run: &mut Run<'_>) -> Result<(), Error> {
 
 /// Step 8: gates. Only the reservation may be created here.
 pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
-    let client = run.ctx.client.clone();
     if !run.ctx.network_policy_enforced {
         return Ok(Some(Report::blocked(
             "IsolationUnverified",
@@ -49,6 +48,32 @@ pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
                 .into(),
         )));
     }
+    if identity_and_storage_due(run) {
+        if let Some(report) = identity_and_storage(run).await? {
+            return Ok(Some(report));
+        }
+    }
+    reservation(run).await
+}
+
+/// Whether step 8 must read the ServiceAccount and StorageClass now (behavior.md §1 "Reads"):
+/// when the fleet generation changed since they were last verified, or at the slow resync.
+/// Before any operation that creates Pods or claims they are read again regardless
+/// ([`identity_and_storage`] from the planner).
+fn identity_and_storage_due(run: &Run<'_>) -> bool {
+    let generation = run.fleet.meta().generation.unwrap_or(0);
+    run.ctx
+        .gates_verified
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&run.uid).copied())
+        .is_none_or(|(g, at)| g != generation || at.elapsed() >= super::LATER)
+}
+
+/// Fresh reads of the ServiceAccount and (PersistentFleet) the StorageClass; records the
+/// verified generation when both are fine.
+pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error> {
+    let client = run.ctx.client.clone();
     let sa = &run.fleet.spec.service_account_name;
     if Api::<ServiceAccount>::namespaced(client.clone(), &run.ns)
         .get_opt(sa)
@@ -104,7 +129,16 @@ pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             }
         }
     }
-    reservation(run).await
+    if let Ok(mut m) = run.ctx.gates_verified.lock() {
+        m.insert(
+            run.uid.clone(),
+            (
+                run.fleet.meta().generation.unwrap_or(0),
+                std::time::Instant::now(),
+            ),
+        );
+    }
+    Ok(None)
 }
 
 /// The reservation: a plain create arbitrates; AlreadyExists → compare (behavior.md §5).
