@@ -1285,9 +1285,9 @@ fn claim_deletes(c: &Cluster, ns: &str) -> std::collections::BTreeMap<String, us
     out
 }
 
-/// Crash drills for the other journaled kinds: a rolling Restart killed around its template
-/// write, and a Delete killed around its workload and claim deletes, each resume and issue
-/// every effect exactly once.
+/// Crash drills for the other journaled kinds: a rolling Restart killed at each failpoint,
+/// and a PersistentFleet Delete killed around its claim deletes, each resume and issue every
+/// effect exactly once.
 #[tokio::test]
 async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
     let _serial = SERIAL.lock().await;
@@ -1299,9 +1299,15 @@ async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
         api.create(&PostParams::default(), &f).await.unwrap();
         ready(&api, "mu", 3).await;
     }
-    for (i, point) in ["before-effect", "after-effect", "before-complete"]
-        .iter()
-        .enumerate()
+    for (i, point) in [
+        "before-intent",
+        "after-intent",
+        "before-effect",
+        "after-effect",
+        "before-complete",
+    ]
+    .iter()
+    .enumerate()
     {
         let token = format!("drill-{i}");
         let mut op = Operator::start(Some(point));
@@ -1842,11 +1848,23 @@ fn audit_deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
         .count()
 }
 
-/// The newest finished operation's kind and outcome.
-async fn last_outcome(api: &Api<CelldFleet>, name: &str) -> (String, String) {
-    let s = api.get(name).await.unwrap().status.unwrap();
-    let o = s.recent_operations.first().expect("a finished operation");
-    (format!("{:?}", o.kind), o.outcome.clone())
+/// The newest finished operation's kind and outcome, once nothing is open and that operation
+/// is of `kind` (status is written at the end of a reconcile, after the workload write the
+/// caller may have seen; waits up to 60 s, then reports what it found).
+async fn last_outcome(api: &Api<CelldFleet>, name: &str, kind: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = api.get(name).await.unwrap().status.unwrap_or_default();
+        let newest = s
+            .recent_operations
+            .first()
+            .map(|o| (format!("{:?}", o.kind), o.outcome.clone()))
+            .unwrap_or_default();
+        if (s.current_operation.is_none() && newest.0 == kind) || Instant::now() > deadline {
+            return newest;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Kills at every failpoint of Provision, Upgrade, TemplateUpdate (drift repair) and of a
@@ -1895,7 +1913,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Provision {point}: the Deployment is written once, by its create"
         );
         assert_eq!(
-            last_outcome(&api, &name).await,
+            last_outcome(&api, &name, "Provision").await,
             ("Provision".into(), "Succeeded".into()),
             "Provision {point}"
         );
@@ -1953,7 +1971,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Upgrade {point}: one template write"
         );
         assert_eq!(
-            last_outcome(&api, "up").await,
+            last_outcome(&api, "up", "Upgrade").await,
             ("Upgrade".into(), "Succeeded".into()),
             "Upgrade {point}"
         );
@@ -2010,13 +2028,29 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "TemplateUpdate {point}: one template write ({marker})"
         );
         assert_eq!(
-            last_outcome(&api, "up").await,
+            last_outcome(&api, "up", "TemplateUpdate").await,
             ("TemplateUpdate".into(), "Succeeded".into()),
             "TemplateUpdate {point}"
         );
     }
     // Delete: the workload effect (first), the prerequisites effect (second), completion.
+    // Two more Bucket fleets for the Delete's own decision points.
+    {
+        let _op = Operator::start(None);
+        for name in ["pv5", "pv6"] {
+            api.create(
+                &PostParams::default(),
+                &fleet(name, "Bucket", 3, &unique_bucket("pv")),
+            )
+            .await
+            .unwrap();
+        }
+        ready(&api, "pv5", 3).await;
+        ready(&api, "pv6", 3).await;
+    }
     let deletes = [
+        ("pv5", "before-intent"),
+        ("pv6", "after-intent"),
         ("pv0", "before-effect"),
         ("pv1", "after-effect"),
         ("pv2", "before-effect:2"),
