@@ -1686,16 +1686,7 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
             .is_some_and(|o| format!("{:?}", o.kind) == "Upgrade" && o.outcome == "Succeeded"),
         "{history:?}"
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
-        .env("KUBECONFIG", &c.admin_kubeconfig)
-        .args(["journal", "verify", &target])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "journal verify: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    verify_journal(&ns.name, "sigma", None);
     cleanup(&client, ns).await;
 }
 
@@ -2099,17 +2090,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Delete {point}"
         );
     }
-    let target = format!("{}/up", ns.name);
-    let out = Command::new(env!("CARGO_BIN_EXE_celld-operator"))
-        .env("KUBECONFIG", &c.admin_kubeconfig)
-        .args(["journal", "verify", &target])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "journal verify: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    verify_journal(&ns.name, "up", None);
     let _op = Operator::start(None);
     cleanup(&client, ns).await;
 }
