@@ -265,6 +265,12 @@ where
     }
 }
 
+/// Creates `f` and waits until it has `n` ready members.
+async fn create_ready(api: &Api<CelldFleet>, f: &CelldFleet, n: i32) {
+    api.create(&PostParams::default(), f).await.unwrap();
+    ready(api, &f.name_any(), n).await;
+}
+
 async fn ready(api: &Api<CelldFleet>, name: &str, n: i32) {
     until(
         &format!("{name} to have {n} ready members"),
@@ -355,13 +361,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let bucket = unique_bucket("pf");
-    api.create(
-        &PostParams::default(),
-        &fleet("beta", "PersistentFleet", 3, &bucket),
-    )
-    .await
-    .unwrap();
-    ready(&api, "beta", 3).await;
+    create_ready(&api, &fleet("beta", "PersistentFleet", 3, &bucket), 3).await;
     assert_rendered(&client, &ns.name, "beta").await;
 
     // Rendered objects exist and are owned; the reservation binds the bucket.
@@ -505,13 +505,7 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
     let (_c, client, ns) = setup("bk").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    api.create(
-        &PostParams::default(),
-        &fleet("alpha", "Bucket", 3, &unique_bucket("bk")),
-    )
-    .await
-    .unwrap();
-    ready(&api, "alpha", 3).await;
+    create_ready(&api, &fleet("alpha", "Bucket", 3, &unique_bucket("bk")), 3).await;
     assert_rendered(&client, &ns.name, "alpha").await;
     api.patch(
         "alpha",
@@ -751,13 +745,12 @@ async fn scale_drills_issue_each_effect_exactly_once() {
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
         let _op = Operator::start(None);
-        api.create(
-            &PostParams::default(),
+        create_ready(
+            &api,
             &fleet("eps", "PersistentFleet", 3, &unique_bucket("dr")),
+            3,
         )
-        .await
-        .unwrap();
-        ready(&api, "eps", 3).await;
+        .await;
     }
     // Growth and contraction alternate (6 nodes, one member per node).
     let drills = [
@@ -814,13 +807,12 @@ async fn pause_cancels_an_operation_still_in_intent() {
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
         let _op = Operator::start(None);
-        api.create(
-            &PostParams::default(),
+        create_ready(
+            &api,
             &fleet("zeta", "PersistentFleet", 3, &unique_bucket("pz")),
+            3,
         )
-        .await
-        .unwrap();
-        ready(&api, "zeta", 3).await;
+        .await;
     }
     let writes = audit_writes(c, &ns.name, "statefulsets", "zeta", None);
     let mut op = Operator::start(Some("after-intent"));
@@ -1387,13 +1379,12 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
     let grow_marker;
     {
         let _op = Operator::start(None);
-        api.create(
-            &PostParams::default(),
+        create_ready(
+            &api,
             &fleet("nu", "PersistentFleet", 3, &unique_bucket("rb")),
+            3,
         )
-        .await
-        .unwrap();
-        ready(&api, "nu", 3).await;
+        .await;
         old_copy = api.get("nu").await.unwrap().annotations()[key].clone();
         c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=4"])
             .unwrap();
@@ -1512,13 +1503,12 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     let (c, client, ns) = setup("stall").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let _op = Operator::start_with(|o| o.extra_args = vec!["--operation-deadline=25s".into()]);
-    api.create(
-        &PostParams::default(),
+    create_ready(
+        &api,
         &fleet("sigma", "PersistentFleet", 3, &unique_bucket("st")),
+        3,
     )
-    .await
-    .unwrap();
-    ready(&api, "sigma", 3).await;
+    .await;
     // An image the kubelet cannot pull: the highest member never turns Ready again.
     let missing = format!("celld.test/missing@sha256:{}", "e".repeat(64));
     api.patch(
@@ -1700,13 +1690,12 @@ async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     let (c, client, ns) = setup("hpa").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    api.create(
-        &PostParams::default(),
+    create_ready(
+        &api,
         &fleet("eta", "PersistentFleet", 3, &unique_bucket("hpa")),
+        3,
     )
-    .await
-    .unwrap();
-    ready(&api, "eta", 3).await;
+    .await;
     let hpas = Api::<HorizontalPodAutoscaler>::namespaced(client.clone(), &ns.name);
     let hpa = |min: i32, max: i32| -> HorizontalPodAutoscaler {
         serde_json::from_value(json!({
@@ -1912,13 +1901,12 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
     // Upgrade: a new runtime image per failpoint; one template write each.
     {
         let _op = Operator::start(None);
-        api.create(
-            &PostParams::default(),
+        create_ready(
+            &api,
             &fleet("up", "PersistentFleet", 3, &unique_bucket("up")),
+            3,
         )
-        .await
-        .unwrap();
-        ready(&api, "up", 3).await;
+        .await;
     }
     let up_claims = claim_uids_of(&client, &ns.name, "up", 3).await;
     for (i, point) in points.iter().enumerate() {

@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use celld_harness::operator::{OperatorOptions, OperatorProcess};
+use celld_harness::TestNamespace;
 use celld_operator::api::CelldFleet;
 use celld_sim::ledger::Ledger;
 use celld_testbed::sampler::Expect;
@@ -83,48 +84,65 @@ async fn fleet_member_urls(
         .expect("member URLs")
 }
 
-#[tokio::test]
-async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
-    let _serial = SERIAL.lock().await;
-    let bed = TestBed::shared().await;
-    let _store = bed.store_shared().await;
-    let client = bed.client().await.unwrap();
-    let ns = bed.namespace(&client, "opsim").await.unwrap();
+/// A test namespace with the fleets' ServiceAccount `celld`, and the operator's Lease
+/// namespace `celld-<tag>`.
+async fn fleet_namespace(bed: &TestBed, client: &Client, tag: &str) -> TestNamespace {
+    let ns = bed.namespace(client, tag).await.unwrap();
     let _ = bed
         .cluster
-        .kubectl(&["create", "namespace", "celld-sim-e2e"]);
+        .kubectl(&["create", "namespace", &format!("celld-{tag}")]);
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
     Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &sa)
         .await
         .unwrap();
-    let bucket = bed.unique_bucket("opsim").unwrap();
-    let op = OperatorProcess::start(&OperatorOptions {
+    ns
+}
+
+/// The operator of test `tag`: Lease in `celld-<tag>`, its own identity, log and mirror.
+fn operator_options(bed: &TestBed, tag: &str, fault_point: Option<&str>) -> OperatorOptions {
+    OperatorOptions {
         binary: env!("CARGO_BIN_EXE_celld-operator").into(),
         kubeconfig: bed.kubeconfig().into(),
-        operator_namespace: "celld-sim-e2e".into(),
-        identity: "celld-operator-sim".into(),
+        operator_namespace: format!("celld-{tag}"),
+        identity: format!("celld-operator-{tag}"),
         work_dir: bed
             .cluster
             .work_dir
-            .join(format!("operator-sim-{}", std::process::id())),
-        metrics_addr: None,
-        fault_point: None,
+            .join(format!("operator-{tag}-{}", std::process::id())),
+        fault_point: fault_point.map(str::to_string),
         ..Default::default()
-    });
-    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    let fleet: CelldFleet = serde_json::from_value(json!({
+    }
+}
+
+/// A PersistentFleet of simulator members with `placement`.
+fn sim_fleet(name: &str, replicas: i32, bucket: &str, placement: serde_json::Value) -> CelldFleet {
+    serde_json::from_value(json!({
         "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
-        "metadata": {"name": "beta"},
-        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": 3,
+        "metadata": {"name": name},
+        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": replicas,
                  "serviceAccountName": "celld",
                  "storage": {"bucket": bucket, "region": "us-east-1", "storageClassName": STORAGE_CLASS, "sizeGiB": 1},
-                 "placement": {"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3},
+                 "placement": placement,
                  "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
                  "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
     }))
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
+    let _serial = SERIAL.lock().await;
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = fleet_namespace(bed, &client, "sim-e2e").await;
+    let bucket = bed.unique_bucket("opsim").unwrap();
+    let op = OperatorProcess::start(&operator_options(bed, "sim-e2e", None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let placement = json!({"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3});
+    let fleet = sim_fleet("beta", 3, &bucket, placement);
     api.create(&PostParams::default(), &fleet).await.unwrap();
     wait_settled(&api, "beta", 3, &op.log).await;
     let sampler = bed.sampler(&client, &ns.name, Expect::StatefulSet("beta".into()), 1);
@@ -246,42 +264,13 @@ async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();
-    let ns = bed.namespace(&client, "opsim2").await.unwrap();
-    let _ = bed
-        .cluster
-        .kubectl(&["create", "namespace", "celld-sim-e2e2"]);
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap();
+    let ns = fleet_namespace(bed, &client, "sim-e2e2").await;
     let bucket = bed.unique_bucket("opsim2").unwrap();
-    let options = |fault_point: Option<&str>| OperatorOptions {
-        binary: env!("CARGO_BIN_EXE_celld-operator").into(),
-        kubeconfig: bed.kubeconfig().into(),
-        operator_namespace: "celld-sim-e2e2".into(),
-        identity: "celld-operator-sim2".into(),
-        work_dir: bed
-            .cluster
-            .work_dir
-            .join(format!("operator-sim2-{}", std::process::id())),
-        fault_point: fault_point.map(str::to_string),
-        ..Default::default()
-    };
+    let options = |fault_point: Option<&str>| operator_options(bed, "sim-e2e2", fault_point);
     let mut op = OperatorProcess::start(&options(None));
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    let fleet: CelldFleet = serde_json::from_value(json!({
-        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
-        "metadata": {"name": "gamma"},
-        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": 2,
-                 "serviceAccountName": "celld",
-                 "storage": {"bucket": bucket, "region": "us-east-1", "storageClassName": STORAGE_CLASS, "sizeGiB": 1},
-                 "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
-                 "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
-                 "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
-    }))
-    .unwrap();
+    let placement = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
+    let fleet = sim_fleet("gamma", 2, &bucket, placement);
     api.create(&PostParams::default(), &fleet).await.unwrap();
     wait_settled(&api, "gamma", 2, &op.log).await;
     let sampler = bed.sampler(&client, &ns.name, Expect::StatefulSet("gamma".into()), 1);
