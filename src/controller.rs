@@ -44,13 +44,23 @@ fn bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
     Ok(Some(full.parse().map_err(|e| anyhow::anyhow!("{s}: {e}"))?))
 }
 
+/// Binds the `what` endpoint at `spec` (`0` or empty: disabled).
+async fn listen(what: &str, spec: &str) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = bind_address(spec)? else {
+        return Ok(None);
+    };
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map(Some)
+        .map_err(|e| anyhow::anyhow!("cannot serve the {what} endpoint on {addr}: {e}"))
+}
+
 /// A minimal HTTP/1.1 responder: `route(path)` gives the 200 body, `None` is a 503 for
 /// `/readyz` and a 404 elsewhere.
-async fn serve<F>(addr: SocketAddr, route: F) -> anyhow::Result<()>
+async fn serve<F>(listener: tokio::net::TcpListener, route: F) -> anyhow::Result<()>
 where
     F: Fn(&str) -> Option<String> + Send + Sync + 'static,
 {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     let route = Arc::new(route);
     loop {
         let (mut sock, _) = listener.accept().await?;
@@ -184,10 +194,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         })
         .unwrap_or_else(|| "celld-operator".into());
     let ready = Arc::new(AtomicBool::new(false));
-    if let Some(addr) = bind_address(&args.metrics_bind_address)? {
+    // Both endpoints are bound before anything else starts: an address that cannot be bound
+    // (in use, not local) ends the process with the address in the error instead of running
+    // with probes or scrapes that can never succeed.
+    let metrics_listener = listen("metrics", &args.metrics_bind_address).await?;
+    let health_listener = listen("health", &args.health_bind_address).await?;
+    if let Some(listener) = metrics_listener {
         let metrics = metrics.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve(addr, move |path| match path {
+            if let Err(e) = serve(listener, move |path| match path {
                 "/metrics" => Some(metrics.encode()),
                 _ => None,
             })
@@ -197,7 +212,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    if let Some(addr) = bind_address(&args.health_bind_address)? {
+    if let Some(listener) = health_listener {
         let ready = ready.clone();
         tokio::spawn(async move {
             let health = move |path: &str| match path {
@@ -205,7 +220,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 "/readyz" if ready.load(Ordering::SeqCst) => Some("ok".to_string()),
                 _ => None,
             };
-            if let Err(e) = serve(addr, health).await {
+            if let Err(e) = serve(listener, health).await {
                 tracing::error!(error = %e, "health endpoint failed");
             }
         });
@@ -381,6 +396,19 @@ async fn termination() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_endpoint_that_cannot_be_bound_is_an_error_naming_the_address() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = listen("health", &addr).await.unwrap_err().to_string();
+        assert!(
+            err.contains("cannot serve the health endpoint") && err.contains(&addr),
+            "{err}"
+        );
+        assert!(listen("metrics", "0").await.unwrap().is_none());
+        assert!(listen("metrics", "127.0.0.1:0").await.unwrap().is_some());
+    }
 
     #[test]
     fn errors_back_off_from_one_second_to_a_minute() {

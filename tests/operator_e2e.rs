@@ -40,7 +40,16 @@ fn image(n: u8) -> String {
 
 /// Where the operator under test serves /metrics.
 fn metrics_addr() -> String {
-    format!("127.0.0.1:{}", 20000 + std::process::id() % 20000)
+    static ADDR: LazyLock<String> = LazyLock::new(free_loopback_addr);
+    ADDR.clone()
+}
+
+/// A loopback address the kernel reports free right now (the operator refuses to start when
+/// its address is taken, so a fixed port derived from the pid could collide with a
+/// connection's ephemeral port).
+fn free_loopback_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    probe.local_addr().expect("local address").to_string()
 }
 
 /// GET /metrics from the operator under test (plain HTTP/1.1 over loopback).
@@ -94,21 +103,11 @@ impl Operator {
         kubeconfig: &std::path::Path,
         operator_ns: &str,
     ) -> OperatorProcess {
-        Self::start_replica(fault_point, kubeconfig, operator_ns, "celld-operator-e2e")
-    }
-
-    /// One replica with its own identity, log and journal mirror.
-    fn start_replica(
-        fault_point: Option<&str>,
-        kubeconfig: &std::path::Path,
-        operator_ns: &str,
-        identity: &str,
-    ) -> OperatorProcess {
         OperatorProcess::start(&Self::options(
             fault_point,
             kubeconfig,
             operator_ns,
-            identity,
+            "celld-operator-e2e",
         ))
     }
 
@@ -1141,8 +1140,14 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     let admin = c.admin_kubeconfig.clone();
     let _ = c.kubectl(&["create", "namespace", "celld-e2e-ha"]);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    let mut a =
-        Operator::start_replica(Some("after-effect:2"), &admin, "celld-e2e-ha", "replica-a");
+    // Replicas of one install each serve their own endpoints; these serve none but the
+    // standby's health endpoint below.
+    let replica = |fault: Option<&str>, identity: &str| {
+        let mut opts = Operator::options(fault, &admin, "celld-e2e-ha", identity);
+        opts.metrics_addr = None;
+        OperatorProcess::start(&opts)
+    };
+    let mut a = replica(Some("after-effect:2"), "replica-a");
     api.create(
         &PostParams::default(),
         &fleet("lam", "PersistentFleet", 3, &unique_bucket("ha")),
@@ -1150,7 +1155,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     .await
     .unwrap();
     ready(&api, "lam", 3).await; // Provision's create was the first after-effect
-    let mut b = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-b");
+    let mut b = replica(None, "replica-b");
     let upgrade = json!({"spec": {"runtimeImage": image(2)}});
     api.patch("lam", &PatchParams::default(), &Patch::Merge(upgrade))
         .await
@@ -1207,7 +1212,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     );
     // Graceful stop (§1): a standby exits 0 at once; the leader lets running reconciles reach
     // a boundary, releases the Lease (holder cleared before it exits) and exits 0.
-    let health = format!("127.0.0.1:{}", 40000 + std::process::id() % 20000);
+    let health = free_loopback_addr();
     let mut opts = Operator::options(None, &admin, "celld-e2e-ha", "replica-c");
     opts.metrics_addr = None;
     opts.health_addr = Some(health.clone());
@@ -1253,7 +1258,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         "the Lease was released: holder {holder:?}"
     );
     drop(b);
-    let _c = Operator::start_replica(None, &admin, "celld-e2e-ha", "replica-c");
+    let _c = replica(None, "replica-c");
     cleanup(&client, ns).await;
 }
 
