@@ -13,6 +13,7 @@ use std::process::Command;
 use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
+use celld_harness::audit::{deletes as audit_deletes, marker_of, writes as audit_writes};
 use celld_harness::operator::{OperatorOptions, OperatorProcess};
 use celld_harness::{cluster, Cluster, TestNamespace};
 use celld_operator::api::{CelldFleet, CelldStorageReservation};
@@ -162,21 +163,12 @@ async fn cleanup(client: &Client, ns: TestNamespace) {
 /// `celld-operator journal verify NS/FLEET` passes; with `mirror`, also against the local
 /// mirror (`--source both`; the operator owning that mirror must be stopped).
 fn verify_journal(ns: &str, name: &str, mirror: Option<&std::path::Path>) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_celld-operator"));
-    cmd.env("KUBECONFIG", &cluster().admin_kubeconfig).args([
-        "journal",
-        "verify",
-        &format!("{ns}/{name}"),
-    ]);
-    if let Some(dir) = mirror {
-        cmd.args(["--source", "both", "--journal-dir"]).arg(dir);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "journal verify {ns}/{name} (mirror {mirror:?}): {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    celld_harness::operator::verify_journal(
+        env!("CARGO_BIN_EXE_celld-operator").as_ref(),
+        &cluster().admin_kubeconfig,
+        ns,
+        name,
+        mirror,
     );
 }
 
@@ -307,44 +299,6 @@ async fn reason(api: &Api<CelldFleet>, name: &str, want: &str) -> String {
     .await
 }
 
-/// Workload writes the audit log recorded for `ns/name` carrying the effect marker `marker`.
-fn audit_writes(c: &Cluster, ns: &str, resource: &str, name: &str, marker: Option<&str>) -> usize {
-    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| {
-            e["stage"] == "ResponseComplete"
-                && e["responseStatus"]["code"]
-                    .as_i64()
-                    .is_some_and(|c| c < 300)
-        })
-        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
-        .filter(|e| {
-            e["objectRef"]["namespace"] == ns
-                && e["objectRef"]["resource"] == resource
-                && e["objectRef"]["name"] == name
-        })
-        .filter(|e| e["objectRef"]["subresource"].is_null())
-        .filter(|e| match marker {
-            Some(m) => e["requestObject"]["metadata"]["annotations"]["celld.eric.dev/effect"] == m,
-            None => true,
-        })
-        .count()
-}
-
-fn current_marker(c: &Cluster, ns: &str, name: &str) -> String {
-    c.kubectl(&[
-        "-n",
-        ns,
-        "get",
-        "statefulset",
-        name,
-        "-o",
-        "jsonpath={.metadata.annotations.celld\\.eric\\.dev/effect}",
-    ])
-    .unwrap()
-}
-
 async fn claim_uid(client: &Client, ns: &str, name: &str) -> Option<String> {
     Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
         .get_opt(name)
@@ -396,7 +350,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     c.kubectl(&["-n", &ns.name, "scale", "celldfleet/beta", "--replicas=4"])
         .unwrap();
     ready(&api, "beta", 4).await;
-    let grow_marker = current_marker(c, &ns.name, "beta");
+    let grow_marker = marker_of(c, &ns.name, "statefulset", "beta");
     assert!(grow_marker.ends_with("/replicas"));
     assert_eq!(
         audit_writes(c, &ns.name, "statefulsets", "beta", Some(&grow_marker)),
@@ -438,7 +392,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
             .then_some(())
     })
     .await;
-    let restart_marker = current_marker(c, &ns.name, "beta");
+    let restart_marker = marker_of(c, &ns.name, "statefulset", "beta");
     assert!(restart_marker.ends_with("/template"));
     assert_eq!(
         audit_writes(c, &ns.name, "statefulsets", "beta", Some(&restart_marker)),
@@ -780,7 +734,7 @@ async fn scale_drills_issue_each_effect_exactly_once() {
         drop(op);
         let _op = Operator::start(None);
         ready(&api, "eps", replicas).await;
-        let marker = current_marker(c, &ns.name, "eps");
+        let marker = marker_of(c, &ns.name, "statefulset", "eps");
         assert!(marker.ends_with("/replicas"), "{point}: {marker}");
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "eps", Some(&marker)),
@@ -1180,7 +1134,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         },
     )
     .await;
-    let marker = current_marker(c, &ns.name, "lam");
+    let marker = marker_of(c, &ns.name, "statefulset", "lam");
     assert!(marker.ends_with("/template"), "{marker}");
     assert_eq!(
         audit_writes(c, &ns.name, "statefulsets", "lam", Some(&marker)),
@@ -1329,7 +1283,7 @@ async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
             },
         )
         .await;
-        let marker = current_marker(c, &ns.name, "mu");
+        let marker = marker_of(c, &ns.name, "statefulset", "mu");
         assert!(marker.ends_with("/template"), "{point}: {marker}");
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "mu", Some(&marker)),
@@ -1394,7 +1348,7 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
         c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=4"])
             .unwrap();
         ready(&api, "nu", 4).await;
-        grow_marker = current_marker(c, &ns.name, "nu");
+        grow_marker = marker_of(c, &ns.name, "statefulset", "nu");
     }
     // A backup restore puts the older journal back.
     let restore = json!({"metadata": {"annotations": {key: old_copy}}});
@@ -1801,38 +1755,6 @@ async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     cleanup(&client, ns).await;
 }
 
-/// The effect marker on the workload `kind` (`statefulset` or `deployment`) `name`.
-fn marker_of(c: &Cluster, ns: &str, kind: &str, name: &str) -> String {
-    c.kubectl(&[
-        "-n",
-        ns,
-        "get",
-        kind,
-        name,
-        "-o",
-        "jsonpath={.metadata.annotations.celld\\.eric\\.dev/effect}",
-    ])
-    .unwrap()
-}
-
-/// Successful deletes the audit log recorded for `resource` `ns/name`.
-fn audit_deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
-    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| {
-            e["stage"] == "ResponseComplete"
-                && e["verb"] == "delete"
-                && e["responseStatus"]["code"]
-                    .as_i64()
-                    .is_some_and(|c| c < 300)
-                && e["objectRef"]["namespace"] == ns
-                && e["objectRef"]["resource"] == resource
-                && e["objectRef"]["name"] == name
-        })
-        .count()
-}
-
 /// The newest finished operation's kind and outcome, once nothing is open and that operation
 /// is of `kind` (status is written at the end of a reconcile, after the workload write the
 /// caller may have seen; waits up to 60 s, then reports what it found).
@@ -1947,7 +1869,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
         )
         .await;
         ready(&api, "up", 3).await;
-        let marker = current_marker(c, &ns.name, "up");
+        let marker = marker_of(c, &ns.name, "statefulset", "up");
         assert!(marker.ends_with("/template"), "Upgrade {point}: {marker}");
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "up", Some(&marker)),
@@ -2005,7 +1927,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
         )
         .await;
         ready(&api, "up", 3).await;
-        let marker = current_marker(c, &ns.name, "up");
+        let marker = marker_of(c, &ns.name, "statefulset", "up");
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "up", Some(&marker)),
             1,
@@ -2123,7 +2045,7 @@ async fn contraction_resumes_between_steps_and_regrowth_reattaches_kept_disks() 
         c.kubectl(&["-n", &ns.name, "scale", "celldfleet/nu", "--replicas=3"])
             .unwrap();
         ready(&api, "nu", 3).await;
-        let marker = current_marker(c, &ns.name, "nu");
+        let marker = marker_of(c, &ns.name, "statefulset", "nu");
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "nu", Some(&marker)),
             1

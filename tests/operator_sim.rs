@@ -5,7 +5,8 @@
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use celld_harness::operator::{OperatorOptions, OperatorProcess};
+use celld_harness::audit::{self, marker_of};
+use celld_harness::operator::{verify_journal, OperatorOptions, OperatorProcess};
 use celld_harness::TestNamespace;
 use celld_operator::api::CelldFleet;
 use celld_sim::ledger::Ledger;
@@ -352,6 +353,152 @@ async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
         .filter(|d| d.starts_with("Scale "))
         .collect();
     assert_eq!(scales.len(), 4, "2->3, 3->2, 2->1, 1->3: {scales:?}");
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// The failpoints of journal.md, in boundary order.
+const FAILPOINTS: [&str; 5] = [
+    "before-intent",
+    "after-intent",
+    "before-effect",
+    "after-effect",
+    "before-complete",
+];
+
+/// The drills with simulator members: a rolling Restart and a Scale step (growth and
+/// contraction alternating) are each killed at every failpoint. After each kill a fresh
+/// operator completes the operation, the audit log shows exactly one write carrying its
+/// effect marker, and the ledger reads every acknowledged ID; the one-member-down sampler
+/// never fires, and the journal verifies against both the annotation and the mirror.
+#[tokio::test]
+async fn drills_at_every_failpoint_keep_every_acknowledged_id() {
+    let _serial = SERIAL.lock().await;
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = fleet_namespace(bed, &client, "sim-drill").await;
+    let bucket = bed.unique_bucket("opsimd").unwrap();
+    let options = |fault_point: Option<&str>| operator_options(bed, "sim-drill", fault_point);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let placement = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
+    let fleet = sim_fleet("delta", 3, &bucket, placement);
+    let mut op = OperatorProcess::start(&options(None));
+    api.create(&PostParams::default(), &fleet).await.unwrap();
+    wait_settled(&api, "delta", 3, &op.log).await;
+    let sampler = bed.sampler(&client, &ns.name, Expect::StatefulSet("delta".into()), 1);
+    let mut ledger = Ledger::new(&format!("opsimd-{}", &ns.name));
+    let urls = |n: i32| fleet_member_urls(bed, &client, &ns.name, "delta", n);
+    ledger
+        .phase(&urls(3).await)
+        .await
+        .expect("ledger after provision");
+    // Exactly one accepted StatefulSet write carries the effect marker it has now, which ends
+    // with `suffix`.
+    let one_write = |what: &str, suffix: &str| {
+        let marker = marker_of(bed.cluster, &ns.name, "statefulset", "delta");
+        assert!(marker.ends_with(suffix), "{what}: marker {marker:?}");
+        assert_eq!(
+            audit::writes(
+                bed.cluster,
+                &ns.name,
+                "statefulsets",
+                "delta",
+                Some(&marker)
+            ),
+            1,
+            "{what}: exactly one write for {marker}"
+        );
+    };
+    let mut replicas = 3;
+    for (i, point) in FAILPOINTS.into_iter().enumerate() {
+        // A rolling restart killed at `point`.
+        drop(op);
+        let mut killed = OperatorProcess::start(&options(Some(point)));
+        let token = format!("drill-{i}");
+        let patch = json!({"spec": {"maintenance": {"restartToken": token}}});
+        api.patch("delta", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+        assert_eq!(
+            killed.exited(Duration::from_secs(240)).await,
+            3,
+            "restart killed at {point}"
+        );
+        drop(killed);
+        op = OperatorProcess::start(&options(None));
+        poll_until(
+            &format!("token {token} applied after a kill at {point}"),
+            240,
+            &op.log,
+            || async {
+                let s = api
+                    .get("delta")
+                    .await
+                    .ok()
+                    .and_then(|f| f.status)
+                    .unwrap_or_default();
+                s.last_restart_token.as_deref() == Some(token.as_str())
+                    && s.current_operation.is_none()
+            },
+        )
+        .await;
+        wait_settled(&api, "delta", replicas, &op.log).await;
+        one_write(&format!("restart killed at {point}"), "/template");
+        ledger
+            .phase(&urls(replicas).await)
+            .await
+            .unwrap_or_else(|e| panic!("ledger after a restart killed at {point}: {e}"));
+
+        // A scale step killed at `point`: growth (onto a fresh or a kept disk) and
+        // contraction alternate.
+        let target = if replicas == 3 { 4 } else { 3 };
+        drop(op);
+        let mut killed = OperatorProcess::start(&options(Some(point)));
+        bed.cluster
+            .kubectl(&[
+                "-n",
+                &ns.name,
+                "scale",
+                "celldfleet/delta",
+                &format!("--replicas={target}"),
+            ])
+            .unwrap();
+        assert_eq!(
+            killed.exited(Duration::from_secs(240)).await,
+            3,
+            "scale {replicas}->{target} killed at {point}"
+        );
+        drop(killed);
+        op = OperatorProcess::start(&options(None));
+        wait_settled(&api, "delta", target, &op.log).await;
+        one_write(
+            &format!("scale {replicas}->{target} killed at {point}"),
+            "/replicas",
+        );
+        ledger.phase(&urls(target).await).await.unwrap_or_else(|e| {
+            panic!("ledger after scale {replicas}->{target} killed at {point}: {e}")
+        });
+        replicas = target;
+    }
+    sampler.finish().await.assert_ok();
+    let journal = celld_operator::journal_store::load(&api.get("delta").await.unwrap()).unwrap();
+    assert_eq!(
+        journal.fold().operations().len(),
+        11,
+        "Provision, then a Restart and a Scale per failpoint"
+    );
+    // Stopped, so the mirror is flushed and quiet: annotation and mirror agree.
+    let opts = options(None);
+    drop(op);
+    verify_journal(
+        env!("CARGO_BIN_EXE_celld-operator").as_ref(),
+        bed.kubeconfig(),
+        &ns.name,
+        "delta",
+        Some(&opts.work_dir.join(&opts.identity).join("journal")),
+    );
+    let op = OperatorProcess::start(&opts); // deletion needs a running operator
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }

@@ -8,6 +8,7 @@
 //! The control plane is never skipped: when its binaries are missing, `up.sh` builds
 //! them (tens of minutes, once per machine) or the test fails with the build error.
 
+pub mod audit;
 pub mod operator;
 
 use std::collections::HashMap;

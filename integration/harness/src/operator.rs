@@ -118,3 +118,28 @@ impl Drop for OperatorProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Runs `<binary> journal verify NS/NAME` against the cluster of `kubeconfig` (and the local
+/// mirror under `mirror` too, `--source both`, when given) and fails the test with its output
+/// unless the chain verifies.
+pub fn verify_journal(
+    binary: &Path,
+    kubeconfig: &Path,
+    ns: &str,
+    name: &str,
+    mirror: Option<&Path>,
+) {
+    let mut cmd = Command::new(binary);
+    cmd.env("KUBECONFIG", kubeconfig)
+        .args(["journal", "verify", &format!("{ns}/{name}")]);
+    if let Some(dir) = mirror {
+        cmd.args(["--source", "both", "--journal-dir"]).arg(dir);
+    }
+    let out = cmd.output().expect("journal verify runs");
+    assert!(
+        out.status.success(),
+        "journal verify {ns}/{name} (mirror {mirror:?}): {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1,0 +1,62 @@
+//! Reading the control plane's audit log (testbed.md §1): the drills count the writes the
+//! API server accepted, per object and per effect marker.
+
+use serde_json::Value;
+
+use crate::Cluster;
+
+/// The audit events of `c` that completed successfully (status below 300).
+fn succeeded(c: &Cluster) -> Vec<Value> {
+    let text = std::fs::read_to_string(c.work_dir.join("audit/audit.log")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| {
+            e["stage"] == "ResponseComplete"
+                && e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|code| code < 300)
+        })
+        .collect()
+}
+
+fn names(e: &Value, ns: &str, resource: &str, name: &str) -> bool {
+    e["objectRef"]["namespace"] == ns
+        && e["objectRef"]["resource"] == resource
+        && e["objectRef"]["name"] == name
+}
+
+/// Successful creates, updates and patches of `resource` `ns/name` itself (no
+/// subresource), only those carrying effect marker `marker` when given.
+pub fn writes(c: &Cluster, ns: &str, resource: &str, name: &str, marker: Option<&str>) -> usize {
+    succeeded(c)
+        .iter()
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .filter(|e| names(e, ns, resource, name) && e["objectRef"]["subresource"].is_null())
+        .filter(|e| match marker {
+            Some(m) => e["requestObject"]["metadata"]["annotations"]["celld.eric.dev/effect"] == m,
+            None => true,
+        })
+        .count()
+}
+
+/// Successful deletes of `resource` `ns/name`.
+pub fn deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
+    succeeded(c)
+        .iter()
+        .filter(|e| e["verb"] == "delete" && names(e, ns, resource, name))
+        .count()
+}
+
+/// The effect marker (`celld.eric.dev/effect`) `kind` `ns/name` carries now, or "".
+pub fn marker_of(c: &Cluster, ns: &str, kind: &str, name: &str) -> String {
+    c.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        kind,
+        name,
+        "-o",
+        "jsonpath={.metadata.annotations.celld\\.eric\\.dev/effect}",
+    ])
+    .unwrap_or_else(|e| panic!("reading the effect marker of {kind} {ns}/{name}: {e}"))
+}
