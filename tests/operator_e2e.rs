@@ -1774,9 +1774,33 @@ async fn last_outcome(api: &Api<CelldFleet>, name: &str, kind: &str) -> (String,
     }
 }
 
-/// Kills at every failpoint of Provision, Upgrade, TemplateUpdate (drift repair) and of a
-/// Bucket Delete's workload and prerequisite effects (behavior.md §18 scenario 14): each
-/// resumed operation completes and every effect is issued exactly once.
+/// The kind and outcome of the operation that wrote effect `marker` (`<op>/<effect>`), once
+/// it is among the recent operations and nothing is open (waits up to 60 s, then reports
+/// what it found): unlike [`last_outcome`], never an earlier operation of the same kind.
+async fn outcome_of(api: &Api<CelldFleet>, name: &str, marker: &str) -> (String, String) {
+    let op = marker.split('/').next().unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = api.get(name).await.unwrap().status.unwrap_or_default();
+        let found = s
+            .recent_operations
+            .iter()
+            .find(|o| o.id == op)
+            .map(|o| (format!("{:?}", o.kind), o.outcome.clone()));
+        match found {
+            Some(found) if s.current_operation.is_none() => return found,
+            _ if Instant::now() > deadline => {
+                return (format!("operation {op} not finished"), String::new())
+            }
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+/// Kills at every failpoint of Provision, Upgrade and TemplateUpdate (drift repair), and at a
+/// Bucket Delete's decision points, workload and prerequisite effects and completion
+/// (behavior.md §18 scenario 14): each resumed operation completes and every effect is issued
+/// exactly once.
 #[tokio::test]
 async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_once() {
     let _serial = SERIAL.lock().await;
@@ -1877,7 +1901,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Upgrade {point}: one template write"
         );
         assert_eq!(
-            last_outcome(&api, "up", "Upgrade").await,
+            outcome_of(&api, "up", &marker).await,
             ("Upgrade".into(), "Succeeded".into()),
             "Upgrade {point}"
         );
@@ -1888,7 +1912,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
         "upgrades roll on the retained disks"
     );
     // TemplateUpdate: a hand edit of the template is drift, repaired by one guarded write.
-    for (i, point) in ["before-effect", "after-effect"].iter().enumerate() {
+    for (i, point) in points.iter().enumerate() {
         let mut op = kill(point).await;
         c.kubectl(&[
             "-n",
@@ -1928,13 +1952,17 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
         .await;
         ready(&api, "up", 3).await;
         let marker = marker_of(c, &ns.name, "statefulset", "up");
+        assert!(
+            marker.ends_with("/template"),
+            "TemplateUpdate {point}: {marker}"
+        );
         assert_eq!(
             audit_writes(c, &ns.name, "statefulsets", "up", Some(&marker)),
             1,
             "TemplateUpdate {point}: one template write ({marker})"
         );
         assert_eq!(
-            last_outcome(&api, "up", "TemplateUpdate").await,
+            outcome_of(&api, "up", &marker).await,
             ("TemplateUpdate".into(), "Succeeded".into()),
             "TemplateUpdate {point}"
         );

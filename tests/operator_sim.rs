@@ -11,7 +11,7 @@ use celld_harness::TestNamespace;
 use celld_operator::api::CelldFleet;
 use celld_sim::ledger::Ledger;
 use celld_testbed::sampler::Expect;
-use celld_testbed::{TestBed, RUNTIME_IMAGE, STORAGE_CLASS};
+use celld_testbed::{TestBed, RUNTIME_IMAGE, RUNTIME_REPOSITORY, STORAGE_CLASS};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -366,11 +366,26 @@ const FAILPOINTS: [&str; 5] = [
     "before-complete",
 ];
 
-/// The drills with simulator members: a rolling Restart and a Scale step (growth and
-/// contraction alternating) are each killed at every failpoint. After each kill a fresh
-/// operator completes the operation, the audit log shows exactly one write carrying its
-/// effect marker, and the ledger reads every acknowledged ID; the one-member-down sampler
-/// never fires, and the journal verifies against both the annotation and the mirror.
+/// The operation that wrote effect `marker` (`<op>/<effect>`) is among the fleet's recent
+/// operations, with outcome `Succeeded`, and nothing is open.
+async fn finished(api: &Api<CelldFleet>, name: &str, marker: &str) -> bool {
+    let op = marker.split('/').next().unwrap_or_default();
+    let Some(s) = api.get(name).await.ok().and_then(|f| f.status) else {
+        return false;
+    };
+    s.current_operation.is_none()
+        && s.recent_operations
+            .iter()
+            .any(|o| o.id == op && o.outcome == "Succeeded")
+}
+
+/// The drills with simulator members: a rolling Restart, an Upgrade, a TemplateUpdate
+/// (a hand edit of the StatefulSet's template, repaired) and a Scale step (growth onto a
+/// fresh or a kept disk and contraction alternating) are each killed at every failpoint.
+/// After each kill a fresh operator completes the operation, the audit log shows exactly one
+/// write carrying its effect marker, and the ledger reads every acknowledged ID; the
+/// one-member-down sampler never fires, and the journal verifies against both the
+/// annotation and the mirror.
 #[tokio::test]
 async fn drills_at_every_failpoint_keep_every_acknowledged_id() {
     let _serial = SERIAL.lock().await;
@@ -393,100 +408,93 @@ async fn drills_at_every_failpoint_keep_every_acknowledged_id() {
         .phase(&urls(3).await)
         .await
         .expect("ledger after provision");
-    // Exactly one accepted StatefulSet write carries the effect marker it has now, which ends
-    // with `suffix`.
-    let one_write = |what: &str, suffix: &str| {
-        let marker = marker_of(bed.cluster, &ns.name, "statefulset", "delta");
-        assert!(marker.ends_with(suffix), "{what}: marker {marker:?}");
-        assert_eq!(
-            audit::writes(
-                bed.cluster,
-                &ns.name,
-                "statefulsets",
-                "delta",
-                Some(&marker)
-            ),
-            1,
-            "{what}: exactly one write for {marker}"
-        );
+    let marker = || marker_of(bed.cluster, &ns.name, "statefulset", "delta");
+    let kubectl = |args: &[&str]| {
+        let mut all = vec!["-n", &ns.name];
+        all.extend_from_slice(args);
+        bed.cluster.kubectl(&all).unwrap();
     };
     let mut replicas = 3;
+    let mut operations = 1;
     for (i, point) in FAILPOINTS.into_iter().enumerate() {
-        // A rolling restart killed at `point`.
-        drop(op);
-        let mut killed = OperatorProcess::start(&options(Some(point)));
-        let token = format!("drill-{i}");
-        let patch = json!({"spec": {"maintenance": {"restartToken": token}}});
-        api.patch("delta", &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
-        assert_eq!(
-            killed.exited(Duration::from_secs(240)).await,
-            3,
-            "restart killed at {point}"
-        );
-        drop(killed);
-        op = OperatorProcess::start(&options(None));
-        poll_until(
-            &format!("token {token} applied after a kill at {point}"),
-            240,
-            &op.log,
-            || async {
-                let s = api
-                    .get("delta")
-                    .await
-                    .ok()
-                    .and_then(|f| f.status)
-                    .unwrap_or_default();
-                s.last_restart_token.as_deref() == Some(token.as_str())
-                    && s.current_operation.is_none()
-            },
-        )
-        .await;
-        wait_settled(&api, "delta", replicas, &op.log).await;
-        one_write(&format!("restart killed at {point}"), "/template");
-        ledger
-            .phase(&urls(replicas).await)
-            .await
-            .unwrap_or_else(|e| panic!("ledger after a restart killed at {point}: {e}"));
-
-        // A scale step killed at `point`: growth (onto a fresh or a kept disk) and
-        // contraction alternate.
-        let target = if replicas == 3 { 4 } else { 3 };
-        drop(op);
-        let mut killed = OperatorProcess::start(&options(Some(point)));
-        bed.cluster
-            .kubectl(&[
-                "-n",
-                &ns.name,
-                "scale",
-                "celldfleet/delta",
-                &format!("--replicas={target}"),
-            ])
-            .unwrap();
-        assert_eq!(
-            killed.exited(Duration::from_secs(240)).await,
-            3,
-            "scale {replicas}->{target} killed at {point}"
-        );
-        drop(killed);
-        op = OperatorProcess::start(&options(None));
-        wait_settled(&api, "delta", target, &op.log).await;
-        one_write(
-            &format!("scale {replicas}->{target} killed at {point}"),
-            "/replicas",
-        );
-        ledger.phase(&urls(target).await).await.unwrap_or_else(|e| {
-            panic!("ledger after scale {replicas}->{target} killed at {point}: {e}")
-        });
-        replicas = target;
+        for step in ["restart", "upgrade", "drift", "scale"] {
+            let before = marker();
+            drop(op);
+            let mut killed = OperatorProcess::start(&options(Some(point)));
+            let (what, suffix, target) = match step {
+                "restart" => {
+                    let patch =
+                        json!({"spec": {"maintenance": {"restartToken": format!("drill-{i}")}}});
+                    api.patch("delta", &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                        .unwrap();
+                    ("Restart".to_string(), "/template", replicas)
+                }
+                "upgrade" => {
+                    let image = format!("{RUNTIME_REPOSITORY}@sha256:{:064x}", 2 + i);
+                    let patch = json!({"spec": {"runtimeImage": image}});
+                    api.patch("delta", &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                        .unwrap();
+                    ("Upgrade".to_string(), "/template", replicas)
+                }
+                "drift" => {
+                    let edit = json!([{"op": "replace",
+                        "path": "/spec/template/spec/containers/0/readinessProbe/periodSeconds",
+                        "value": 7 + i}]);
+                    kubectl(&[
+                        "patch",
+                        "statefulset",
+                        "delta",
+                        "--type=json",
+                        "-p",
+                        &edit.to_string(),
+                    ]);
+                    ("TemplateUpdate".to_string(), "/template", replicas)
+                }
+                _ => {
+                    let target = if replicas == 3 { 4 } else { 3 };
+                    kubectl(&["scale", "celldfleet/delta", &format!("--replicas={target}")]);
+                    (format!("Scale {replicas}->{target}"), "/replicas", target)
+                }
+            };
+            let what = format!("{what} killed at {point}");
+            assert_eq!(killed.exited(Duration::from_secs(240)).await, 3, "{what}");
+            drop(killed);
+            op = OperatorProcess::start(&options(None));
+            poll_until(&format!("{what} to finish"), 300, &op.log, || async {
+                let now = marker();
+                now != before && finished(&api, "delta", &now).await
+            })
+            .await;
+            wait_settled(&api, "delta", target, &op.log).await;
+            let now = marker();
+            assert!(now.ends_with(suffix), "{what}: marker {now:?}");
+            assert_eq!(
+                audit::writes(bed.cluster, &ns.name, "statefulsets", "delta", Some(&now)),
+                1,
+                "{what}: exactly one write for {now}"
+            );
+            ledger
+                .phase(&urls(target).await)
+                .await
+                .unwrap_or_else(|e| panic!("ledger after {what}: {e}"));
+            replicas = target;
+            operations += 1;
+        }
     }
     sampler.finish().await.assert_ok();
     let journal = celld_operator::journal_store::load(&api.get("delta").await.unwrap()).unwrap();
+    let kinds: Vec<String> = journal
+        .fold()
+        .operations()
+        .iter()
+        .map(|o| format!("{:?}", o.kind()))
+        .collect();
     assert_eq!(
-        journal.fold().operations().len(),
-        11,
-        "Provision, then a Restart and a Scale per failpoint"
+        kinds.len(),
+        operations,
+        "one operation per drill: {kinds:?}"
     );
     // Stopped, so the mirror is flushed and quiet: annotation and mirror agree.
     let opts = options(None);
