@@ -36,6 +36,8 @@ reject "annotationBytes" --set journal.annotationBytes=200000
 reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
 reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
 reject "additional" --set unknownKey=1
+reject "metrics.port and healthPort are both 8082" --set metrics.port=8082
+accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
 accept --set memberReplacementDelay=2h
 accept --set memberReplacementDelay=1h5m
