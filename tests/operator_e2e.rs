@@ -1755,28 +1755,10 @@ async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     cleanup(&client, ns).await;
 }
 
-/// The newest finished operation's kind and outcome, once nothing is open and that operation
-/// is of `kind` (status is written at the end of a reconcile, after the workload write the
-/// caller may have seen; waits up to 60 s, then reports what it found).
-async fn last_outcome(api: &Api<CelldFleet>, name: &str, kind: &str) -> (String, String) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = api.get(name).await.unwrap().status.unwrap_or_default();
-        let newest = s
-            .recent_operations
-            .first()
-            .map(|o| (format!("{:?}", o.kind), o.outcome.clone()))
-            .unwrap_or_default();
-        if (s.current_operation.is_none() && newest.0 == kind) || Instant::now() > deadline {
-            return newest;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 /// The kind and outcome of the operation that wrote effect `marker` (`<op>/<effect>`), once
 /// it is among the recent operations and nothing is open (waits up to 60 s, then reports
-/// what it found): unlike [`last_outcome`], never an earlier operation of the same kind.
+/// what it found): never an earlier operation of the same kind (status is written at the end
+/// of a reconcile, after the workload write the caller may have seen).
 async fn outcome_of(api: &Api<CelldFleet>, name: &str, marker: &str) -> (String, String) {
     let op = marker.split('/').next().unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -1844,7 +1826,7 @@ async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_onc
             "Provision {point}: the Deployment is written once, by its create"
         );
         assert_eq!(
-            last_outcome(&api, &name, "Provision").await,
+            outcome_of(&api, &name, &marker).await,
             ("Provision".into(), "Succeeded".into()),
             "Provision {point}"
         );

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use celld_operator::api::keys::FLEET_UID_LABEL;
 use celld_operator::api::CelldFleet;
+use celld_operator::reconcile::workload::LiveWorkload;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
@@ -76,23 +77,15 @@ impl View {
                 }
                 self.fleet_replicas = r;
             }
+            // "Rolled out" is the operator's own definition (behavior.md §0): the bench times
+            // when that predicate turns true, not an approximation of it.
             Obs::StatefulSet(s) => {
-                let w = s.map(|s| {
-                    (
-                        s.spec.as_ref().and_then(|x| x.replicas).unwrap_or(1),
-                        sts_rolled_out(&s),
-                    )
-                });
-                self.set_workload(w, &mut mark);
+                let w = s.map(|s| LiveWorkload::StatefulSet(Box::new(s)));
+                self.set_workload(w.map(|w| (w.replicas(), w.rolled_out())), &mut mark);
             }
             Obs::Deployment(d) => {
-                let w = d.map(|d| {
-                    (
-                        d.spec.as_ref().and_then(|x| x.replicas).unwrap_or(1),
-                        deploy_rolled_out(&d),
-                    )
-                });
-                self.set_workload(w, &mut mark);
+                let w = d.map(|d| LiveWorkload::Deployment(Box::new(d)));
+                self.set_workload(w.map(|w| (w.replicas(), w.rolled_out())), &mut mark);
             }
             Obs::Pod { uid, state } => match state {
                 Some(s) => {
@@ -128,30 +121,6 @@ impl View {
         }
         self.workload = w;
     }
-}
-
-fn sts_rolled_out(s: &StatefulSet) -> bool {
-    let want = s.spec.as_ref().and_then(|x| x.replicas).unwrap_or(1);
-    let generation = s.metadata.generation.unwrap_or(0);
-    s.status.as_ref().is_some_and(|st| {
-        st.observed_generation.unwrap_or(0) >= generation
-            && st.replicas == want
-            && st.updated_replicas.unwrap_or(0) == want
-            && st.ready_replicas.unwrap_or(0) == want
-            && st.current_revision.is_some()
-            && st.current_revision == st.update_revision
-    })
-}
-
-fn deploy_rolled_out(d: &Deployment) -> bool {
-    let want = d.spec.as_ref().and_then(|x| x.replicas).unwrap_or(1);
-    let generation = d.metadata.generation.unwrap_or(0);
-    d.status.as_ref().is_some_and(|st| {
-        st.observed_generation.unwrap_or(0) >= generation
-            && st.replicas.unwrap_or(0) == want
-            && st.updated_replicas.unwrap_or(0) == want
-            && st.ready_replicas.unwrap_or(0) == want
-    })
 }
 
 fn pod_state(p: &Pod) -> (bool, bool) {
