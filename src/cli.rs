@@ -70,7 +70,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "/var/lib/celld-operator/journal")]
     pub journal_dir: PathBuf,
     /// Byte budget of the journal annotation (hard maximum 131072).
-    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(4096..=131_072))]
+    #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(32_768..=131_072))]
     pub journal_annotation_bytes: u32,
     /// Mirror entries kept per fleet.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -291,6 +291,44 @@ pub enum JournalCommand {
         target: (String, String),
         /// The operation id.
         op: String,
+    },
+    /// Write a verified chain back to a damaged, missing or rolled-back journal annotation.
+    Restore {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// Ask the running operator to restore from its local mirror
+        /// (sets `celld.eric.dev/journal-command: restore-from-mirror`).
+        #[arg(
+            long,
+            conflicts_with = "from_file",
+            required_unless_present = "from_file"
+        )]
+        from_mirror: bool,
+        /// Restore from an export (`journal export` JSON Lines) of this fleet.
+        #[arg(long, value_name = "EXPORT")]
+        from_file: Option<PathBuf>,
+        /// Byte budget the restored annotation is compacted to (the operator's
+        /// `--journal-annotation-bytes`).
+        #[arg(long, default_value_t = 65536, value_parser = clap::value_parser!(u32).range(32_768..=131_072))]
+        journal_annotation_bytes: u32,
+    },
+    /// Start a new, empty journal for a fleet whose annotation is damaged or gone; the
+    /// operator's mirror keeps the old entries aside (sets `celld.eric.dev/journal-command`).
+    Reset {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// Why (recorded in the Event, the log and the mirror).
+        #[arg(long)]
+        reason: String,
+    },
+    /// After an `EffectMarkerMismatch`: take the workload's live spec as the starting point by
+    /// setting its effect marker to the journal's last effect (compare-and-swap).
+    Adopt {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
     },
 }
 

@@ -103,10 +103,14 @@ async fn replay_mirror(ctx: &Ctx) -> anyhow::Result<()> {
         else {
             continue;
         };
-        let Ok(doc) = journal::decode_document(text) else {
+        // Only a verified chain of this very fleet may reconcile the mirror: a damaged or
+        // copied annotation must not move the mirror's good entries aside (the fleet
+        // reports JournalInvalid instead, and the mirror is what restores it).
+        let Ok(verified) = journal::Journal::load(Some(text), &fleet.uid().unwrap_or_default())
+        else {
             continue;
         };
-        let plan = match mirror.reconcile(&doc) {
+        let plan = match mirror.reconcile(verified.document()) {
             Ok(plan) => plan,
             Err(e) => {
                 tracing::warn!(fleet = %fleet.name_any(), error = %e, "mirror reconcile failed");
@@ -295,6 +299,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         gates_verified: Default::default(),
         restart_baseline: Default::default(),
         watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
+        replan_backoff: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

@@ -56,6 +56,25 @@ pub struct Committed {
     pub entry: Entry,
     /// The fleet as the API server returned it (new resourceVersion).
     pub fleet: CelldFleet,
+    /// `JournalDiverged` / `JournalRollback` found while mirroring (publish as Warning Events).
+    pub signals: Vec<journal::Signal>,
+}
+
+/// Makes sure the mirror holds every entry of `journal` before an effect is issued
+/// (journal.md: the mirror is "flushed before the next effect"): a mirror write that failed
+/// after its annotation append committed is caught up here, or the effect waits.
+pub fn ensure_mirrored(
+    mirror: &Mirror,
+    journal: &Journal,
+) -> Result<Vec<journal::Signal>, MirrorError> {
+    let doc = journal.document();
+    if doc.seq() == 0 {
+        return Ok(Vec::new());
+    }
+    if mirror.head(journal.fleet_uid())?.map(|(seq, _)| seq) == Some(doc.seq()) {
+        return Ok(Vec::new());
+    }
+    Ok(mirror.reconcile(doc)?.signals)
 }
 
 /// Appends `entry` to the journal of `fleet` (as read, with its resourceVersion), then
@@ -101,16 +120,20 @@ pub async fn append(
     };
     let entry = staged.entry().clone();
     let journal = staged.into_journal();
+    let mut signals = Vec::new();
     if let Some(mirror) = mirror {
-        // `record` flushes; a mirror that is behind is reconciled from the annotation.
+        // `record` flushes; a mirror that is behind is reconciled (once, inside `record`)
+        // from the annotation just written, which is verified: it is this journal plus one
+        // sealed entry. The reconcile's signals are published by the caller.
         if let Some(plan) = mirror.record(journal.document(), &entry)? {
-            mirror.apply(journal.fleet_uid(), &plan)?;
+            signals = plan.signals;
         }
     }
     Ok(Committed {
         journal,
         entry,
         fleet: patched,
+        signals,
     })
 }
 

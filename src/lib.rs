@@ -1,7 +1,7 @@
 //! celld-operator: a Kubernetes operator for fleets of the celld runtime.
 //!
-//! Modules follow the house style (`../shared/style.md`): `api` (CRD types),
-//! and, as they land, `render`, `plan`, `effects`, `status`, `cli`.
+//! `main → controller → reconcile → render / journal_store → api`; `repair` holds the
+//! CLI's journal repairs. See README and docs/ for the design.
 
 pub mod api;
 pub mod cli;
@@ -12,5 +12,6 @@ pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod render;
+pub mod repair;
 pub mod validate;
 pub mod watches;

@@ -11,7 +11,7 @@ use celld_operator::api::{self, CelldFleet};
 use celld_operator::cli::{
     parse_target, Cli, Command, JournalCommand, JournalSource, ShowFormat, Source,
 };
-use celld_operator::journal_store;
+use celld_operator::{journal_store, repair};
 
 fn main() -> ExitCode {
     // Installed as `kubectl-celld`, kubectl passes the plugin's arguments unchanged.
@@ -115,15 +115,13 @@ async fn journal(cmd: JournalCommand) -> anyhow::Result<ExitCode> {
                     journal::audit::verify(&mirror, source.fleet.as_deref(), &[], &mut out)?.ok()
                 }
                 (Source::Cluster, _) => {
-                    let cj = read_cluster(&source).await?;
-                    let report = journal::audit::verify_fleet(
-                        &cj.uid,
-                        Ok(cj.document.entries().to_vec()),
-                        0,
-                        Some(&cj.document),
-                    );
-                    journal::audit::render_fleet_report(&report, &mut out)?;
-                    report.ok()
+                    let (uid, text) = read_annotation(&source).await?;
+                    journal::audit::verify_annotation(
+                        &uid,
+                        text.as_deref(),
+                        chrono::Utc::now(),
+                        &mut out,
+                    )?
                 }
                 (Source::Both, dir) => {
                     let cj = read_cluster(&source).await?;
@@ -138,9 +136,67 @@ async fn journal(cmd: JournalCommand) -> anyhow::Result<ExitCode> {
         }
         JournalCommand::Abandon { target, op } => send(&mut out, target, "abandon", &op).await?,
         JournalCommand::Retry { target, op } => send(&mut out, target, "retry", &op).await?,
+        JournalCommand::Restore {
+            target,
+            from_mirror,
+            from_file,
+            journal_annotation_bytes,
+        } => match (from_mirror, from_file) {
+            (_, Some(file)) => {
+                let budget = journal::Budget::new(journal_annotation_bytes as usize)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                repair::restore_from_file(&mut out, target, &file, budget).await?
+            }
+            _ => send_raw(&mut out, target, "restore-from-mirror").await?,
+        },
+        JournalCommand::Reset { target, reason } => {
+            send_raw(&mut out, target, &format!("reset {}", reason.trim())).await?
+        }
+        JournalCommand::Adopt { target } => repair::adopt(&mut out, target).await?,
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The fleet's UID and its journal annotation as stored (not decoded).
+async fn read_annotation(source: &JournalSource) -> anyhow::Result<(String, Option<String>)> {
+    let Some(target) = &source.target else {
+        anyhow::bail!("name the fleet as NAMESPACE/FLEET (or read a mirror with --mirror DIR)");
+    };
+    let (ns, name) = parse_target(target).map_err(anyhow::Error::msg)?;
+    let client = kube::Client::try_default().await?;
+    let fleet = Api::<CelldFleet>::namespaced(client, &ns)
+        .get(&name)
+        .await?;
+    Ok((
+        fleet.uid().unwrap_or_default(),
+        fleet
+            .annotations()
+            .get(api::keys::JOURNAL_ANNOTATION)
+            .cloned(),
+    ))
+}
+
+/// Sets a repair command (`restore-from-mirror`, `reset <reason>`), checked by the
+/// operator's own parser first.
+async fn send_raw(
+    out: &mut impl Write,
+    (ns, name): (String, String),
+    command: &str,
+) -> anyhow::Result<()> {
+    match journal::parse_repair_command(command) {
+        Some(Ok(_)) => {}
+        Some(Err(e)) => anyhow::bail!("{e}"),
+        None => anyhow::bail!("{command:?} is not a repair command"),
+    }
+    let client = kube::Client::try_default().await?;
+    journal_store::send_command(&Api::namespaced(client, &ns), &name, command).await?;
+    writeln!(
+        out,
+        "{ns}/{name}: set {} to {command:?}; the operator consumes it at its next reconcile (see the fleet's Events)",
+        api::keys::JOURNAL_COMMAND_ANNOTATION
+    )?;
+    Ok(())
 }
 
 async fn send(

@@ -73,6 +73,9 @@ pub struct Metrics {
     pub appends: Family<EntryLabels, Counter<u64, AtomicU64>>,
     /// Open operations resumed after a restart or leader change.
     pub replays: Family<FleetLabels, Counter<u64, AtomicU64>>,
+    /// Operations canceled before issue because the world moved under them
+    /// (`PredecessorChanged`); their re-planning is paced.
+    pub canceled_replans: Family<FleetLabels, Counter<u64, AtomicU64>>,
     /// Open operations.
     pub open_operations: FleetGauge,
     /// Stalled operations.
@@ -112,6 +115,7 @@ impl Metrics {
             blocked_age: Family::default(),
             appends: Family::default(),
             replays: Family::default(),
+            canceled_replans: Family::default(),
             open_operations: Family::default(),
             stalled_operations: Family::default(),
             journal_bytes: Family::default(),
@@ -172,6 +176,11 @@ impl Metrics {
             m.replays.clone(),
         );
         r.register(
+            "celld_journal_canceled_replans",
+            "operations canceled before issue because the workload changed under them (re-planning is paced)",
+            m.canceled_replans.clone(),
+        );
+        r.register(
             "celld_journal_open_operations",
             "open operations",
             m.open_operations.clone(),
@@ -229,6 +238,7 @@ impl Metrics {
             g.remove(l);
         }
         self.replays.remove(l);
+        self.canceled_replans.remove(l);
     }
 
     /// The text exposition format.

@@ -355,6 +355,8 @@ pub struct FleetReport {
     pub diverged: usize,
     /// Comparison with the annotation, when one was given.
     pub annotation: Option<AnnotationCheck>,
+    /// Entries whose time is not sane ([`time_warnings`]); warnings, not failures.
+    pub time_warnings: Vec<String>,
 }
 
 impl FleetReport {
@@ -446,6 +448,7 @@ pub fn verify_fleet(
     });
     FleetReport {
         fleet_uid: fleet_uid.to_owned(),
+        time_warnings: time_warnings(&entries, chrono::Utc::now()),
         entries: entries.len(),
         range: entries
             .first()
@@ -519,6 +522,9 @@ pub fn render_fleet_report(r: &FleetReport, out: &mut dyn Write) -> io::Result<(
         Some(Ok(())) => writeln!(out, "     transitions: OK")?,
         Some(Err((seq, e))) => writeln!(out, "     transitions: entry {seq}: {e}")?,
     }
+    for w in &r.time_warnings {
+        writeln!(out, "     warning: time: {w}")?;
+    }
     match &r.annotation {
         None => {}
         Some(AnnotationCheck::Broken(e)) => writeln!(out, "     annotation: chain broken: {e}")?,
@@ -539,4 +545,104 @@ pub fn render_fleet_report(r: &FleetReport, out: &mut dyn Write) -> io::Result<(
         }
     }
     Ok(())
+}
+
+/// How far in the future an entry's `at` may be before `journal verify` warns (clock skew
+/// between the writer and the reader).
+pub const ALLOWED_FUTURE_SKEW: chrono::Duration = chrono::Duration::minutes(5);
+
+/// Entries whose time is not sane: earlier than their predecessor's, or more than
+/// [`ALLOWED_FUTURE_SKEW`] after `now`. Warnings, not failures: the chain is intact, but a
+/// deadline or an audit that reads `at` may be misled (a writer's clock was wrong).
+pub fn time_warnings(entries: &[Entry], now: chrono::DateTime<chrono::Utc>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(p) = i.checked_sub(1).map(|j| &entries[j]) {
+            if e.at() < p.at() {
+                out.push(format!(
+                    "entry {} at {} is earlier than entry {} at {}",
+                    e.seq(),
+                    format_time(&e.at()),
+                    p.seq(),
+                    format_time(&p.at())
+                ));
+            }
+        }
+        if e.at() > now + ALLOWED_FUTURE_SKEW {
+            out.push(format!(
+                "entry {} at {} is more than {} min in the future",
+                e.seq(),
+                format_time(&e.at()),
+                ALLOWED_FUTURE_SKEW.num_minutes()
+            ));
+        }
+    }
+    out
+}
+
+/// `journal verify --source cluster`: checks the annotation alone and describes it as the
+/// annotation (header, chain, transitions, times). `text` is the annotation value (`None`:
+/// the fleet has none). Returns whether it verifies; time findings are warnings.
+pub fn verify_annotation(
+    fleet_uid: &str,
+    text: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+    out: &mut dyn Write,
+) -> io::Result<bool> {
+    let Some(text) = text else {
+        writeln!(
+            out,
+            "OK   fleet {fleet_uid}: no journal annotation (no entries)"
+        )?;
+        return Ok(true);
+    };
+    let doc = match crate::codec::decode_document(text) {
+        Ok(d) => d,
+        Err(e) => {
+            writeln!(
+                out,
+                "FAIL fleet {fleet_uid}: the annotation ({} bytes) does not decode: {e}",
+                text.len()
+            )?;
+            return Ok(false);
+        }
+    };
+    let range = match (doc.entries().first(), doc.entries().last()) {
+        (Some(a), Some(b)) => format!("entries {}..{}", a.seq(), b.seq()),
+        _ => "no entries".to_owned(),
+    };
+    let chain = if doc.fleet_uid() != fleet_uid {
+        Err(format!(
+            "the annotation belongs to fleet {}, not to this fleet",
+            doc.fleet_uid()
+        ))
+    } else {
+        chain::verify(&doc).map_err(|e| format!("first bad entry: {e}"))
+    };
+    let transitions = match &chain {
+        Ok(()) => Some(Fold::from_entries(doc.entries()).map(|_| ())),
+        Err(_) => None,
+    };
+    let ok = chain.is_ok() && transitions.as_ref().is_some_and(Result::is_ok);
+    writeln!(
+        out,
+        "{} fleet {fleet_uid}: annotation {range}, seq {}, compacted through {} ({} bytes)",
+        if ok { "OK  " } else { "FAIL" },
+        doc.seq(),
+        doc.compacted_through(),
+        text.len()
+    )?;
+    match &chain {
+        Ok(()) => writeln!(out, "     chain: OK")?,
+        Err(e) => writeln!(out, "     chain: {e}")?,
+    }
+    match &transitions {
+        None => writeln!(out, "     transitions: not checked (the chain is broken)")?,
+        Some(Ok(())) => writeln!(out, "     transitions: OK")?,
+        Some(Err((seq, e))) => writeln!(out, "     transitions: entry {seq}: {e}")?,
+    }
+    for w in time_warnings(doc.entries(), now) {
+        writeln!(out, "     warning: time: {w}")?;
+    }
+    Ok(ok)
 }

@@ -116,6 +116,15 @@ pub enum ChainProblem {
     /// `compactedHash` is set although nothing was compacted.
     #[error("compactedHash must be all zeros while compactedThrough is 0")]
     CompactedHashWithoutCompaction,
+    /// A declared hole does not sit between two entries of the document (or holes overlap,
+    /// are out of order, or lie outside the window).
+    #[error("hole {from}..{through} does not match a gap between the document's entries")]
+    StrayHole {
+        /// Its first seq.
+        from: Seq,
+        /// Its last seq.
+        through: Seq,
+    },
 }
 
 /// Verifies a document: every entry's seq, `prev` and `hash`, then `seq` and `head`.
@@ -127,9 +136,10 @@ pub fn verify(doc: &Document) -> Result<(), ChainError> {
             problem: ChainProblem::CompactedHashWithoutCompaction,
         });
     }
-    verify_entries(
+    verify_linked(
         doc.entries(),
         Some((doc.compacted_through(), doc.compacted_hash())),
+        doc.holes(),
     )?;
     let (newest_seq, newest_hash) = match doc.entries().last() {
         Some(e) => (e.seq(), e.hash()),
@@ -161,9 +171,29 @@ pub fn verify(doc: &Document) -> Result<(), ChainError> {
 /// `prev` are taken as given and only its hash is checked. Links use the *stored* hashes, so one
 /// altered entry is reported once, at its own seq.
 pub fn verify_entries(entries: &[Entry], start: Option<(Seq, Hash)>) -> Result<(), ChainError> {
+    verify_linked(entries, start, &[])
+}
+
+/// [`verify_entries`] across declared `holes` (in seq order): an entry may follow a hole
+/// `from..=through` when its seq is `through + 1` and its `prev` is the hole's hash. Every
+/// hole must be such a gap.
+fn verify_linked(
+    entries: &[Entry],
+    start: Option<(Seq, Hash)>,
+    holes: &[crate::codec::Hole],
+) -> Result<(), ChainError> {
     let mut previous = start;
+    let mut next_hole = 0;
     for entry in entries {
-        if let Some((prev_seq, prev_hash)) = previous {
+        if let Some((prev_seq, mut prev_hash)) = previous {
+            if let Some(h) = holes.get(next_hole) {
+                if h.from == prev_seq + 1 && h.through + 1 == entry.seq() && h.from <= h.through {
+                    prev_hash = h.hash;
+                    next_hole += 1;
+                    previous = Some((h.through, h.hash));
+                }
+            }
+            let prev_seq = previous.map_or(prev_seq, |(s, _)| s);
             if entry.seq() != prev_seq + 1 {
                 return Err(ChainError {
                     seq: Some(entry.seq()),
@@ -201,6 +231,15 @@ pub fn verify_entries(entries: &[Entry], start: Option<(Seq, Hash)>) -> Result<(
             });
         }
         previous = Some((entry.seq(), entry.hash()));
+    }
+    if let Some(h) = holes.get(next_hole) {
+        return Err(ChainError {
+            seq: None,
+            problem: ChainProblem::StrayHole {
+                from: h.from,
+                through: h.through,
+            },
+        });
     }
     Ok(())
 }

@@ -112,7 +112,23 @@ pub struct Document {
     pub(crate) head: Hash,
     pub(crate) compacted_through: Seq,
     pub(crate) compacted_hash: Hash,
+    pub(crate) holes: Vec<Hole>,
     pub(crate) entries: Vec<Entry>,
+}
+
+/// Entries `from..=through` compacted out of the middle of the document (whole finished
+/// operations, e.g. cancellations, dropped so they cannot push the history that must stay out
+/// of the annotation). `hash` is entry `through`'s hash: the entry after the hole links to
+/// it, as the first entry links to `compactedHash`. Encoded as
+/// `"holes":[{"from":…,"through":…,"hash":"…"}]`, only when there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hole {
+    /// First dropped seq.
+    pub from: Seq,
+    /// Last dropped seq.
+    pub through: Seq,
+    /// Hash of entry `through`.
+    pub hash: Hash,
 }
 
 impl Document {
@@ -124,6 +140,7 @@ impl Document {
             head: Hash::ZERO,
             compacted_through: 0,
             compacted_hash: Hash::ZERO,
+            holes: Vec::new(),
             entries: Vec::new(),
         }
     }
@@ -153,6 +170,11 @@ impl Document {
         &self.entries
     }
 
+    /// Ranges compacted out of the middle, in seq order.
+    pub fn holes(&self) -> &[Hole] {
+        &self.holes
+    }
+
     /// The compact JSON text stored in the annotation.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(self.encoded_len());
@@ -162,6 +184,7 @@ impl Document {
             &self.head,
             self.compacted_through,
             &self.compacted_hash,
+            &self.holes,
         ));
         for (i, e) in self.entries.iter().enumerate() {
             if i > 0 {
@@ -181,19 +204,34 @@ impl Document {
             &self.head,
             self.compacted_through,
             &self.compacted_hash,
+            &self.holes,
             self.entries.iter().map(|e| e.to_json().len()),
         )
     }
 }
 
 /// The envelope up to and including `"entries":[`.
-fn header(fleet_uid: &str, seq: Seq, head: &Hash, ct: Seq, ch: &Hash) -> String {
+fn header(fleet_uid: &str, seq: Seq, head: &Hash, ct: Seq, ch: &Hash, holes: &[Hole]) -> String {
     let mut out = String::with_capacity(256);
     out.push_str("{\"v\":1,\"fleetUID\":");
     json::write_string(fleet_uid, &mut out);
     out.push_str(&format!(
-        ",\"seq\":{seq},\"head\":\"{head}\",\"compactedThrough\":{ct},\"compactedHash\":\"{ch}\",\"entries\":["
+        ",\"seq\":{seq},\"head\":\"{head}\",\"compactedThrough\":{ct},\"compactedHash\":\"{ch}\","
     ));
+    if !holes.is_empty() {
+        out.push_str("\"holes\":[");
+        for (i, h) in holes.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&format!(
+                "{{\"from\":{},\"through\":{},\"hash\":\"{}\"}}",
+                h.from, h.through, h.hash
+            ));
+        }
+        out.push_str("],");
+    }
+    out.push_str("\"entries\":[");
     out
 }
 
@@ -204,10 +242,11 @@ pub(crate) fn encoded_len_parts(
     head: &Hash,
     ct: Seq,
     ch: &Hash,
+    holes: &[Hole],
     entry_lens: impl Iterator<Item = usize>,
 ) -> usize {
     let mut n: usize = 0;
-    let mut total = header(fleet_uid, seq, head, ct, ch).len() + 2;
+    let mut total = header(fleet_uid, seq, head, ct, ch, holes).len() + 2;
     for len in entry_lens {
         total += len;
         n += 1;
@@ -242,6 +281,29 @@ pub fn decode_document(input: &str) -> Result<Document, DecodeError> {
     let head = doc.req_parsed::<Hash>("head")?;
     let compacted_through = doc.req_seq("compactedThrough", 0)?;
     let compacted_hash = doc.req_parsed::<Hash>("compactedHash")?;
+    let holes = match doc.take("holes") {
+        None => Vec::new(),
+        Some(Json::Arr(items)) if !items.is_empty() => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let mut h = Fields::new(v, format!("holes[{i}]"))?;
+                let hole = Hole {
+                    from: h.req_seq("from", 1)?,
+                    through: h.req_seq("through", 1)?,
+                    hash: h.req_parsed::<Hash>("hash")?,
+                };
+                h.finish()?;
+                Ok(hole)
+            })
+            .collect::<Result<Vec<_>, DecodeError>>()?,
+        Some(_) => {
+            return Err(doc.invalid(
+                "holes",
+                "must be a non-empty array of {from, through, hash} objects (or absent)",
+            ))
+        }
+    };
     let entries_json = doc.req_array("entries")?;
     doc.finish()?;
     let entries = entries_json
@@ -255,6 +317,7 @@ pub fn decode_document(input: &str) -> Result<Document, DecodeError> {
         head,
         compacted_through,
         compacted_hash,
+        holes,
         entries,
     })
 }

@@ -84,6 +84,11 @@ pub enum CommandError {
         /// The first extra word.
         extra: String,
     },
+    /// `reset` without a reason.
+    #[error(
+        "`reset` needs a reason (free text), e.g. `reset annotation deleted by a restore tool`"
+    )]
+    MissingReason,
     /// The second word is not a UUID.
     #[error("`{value}` is not an operation id (a UUID such as 0b5e8a52-6c3e-4c1f-9d7a-2f3b4c5d6e7f); {USAGE}")]
     InvalidOperationId {
@@ -140,6 +145,63 @@ pub fn parse_command(value: &str) -> Result<Command, CommandError> {
     Ok(Command {
         action,
         op: OperationId::from_uuid(uuid),
+    })
+}
+
+/// A repair of a journal that cannot be used as it is (behavior.md §13 `JournalInvalid`,
+/// `JournalMissing`): consumed by the operator before the journal is loaded, because the
+/// journal it repairs may not load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepairCommand {
+    /// `restore-from-mirror`: write the operator's local mirror of this fleet's chain back to
+    /// the annotation (verified, compacted to the budget, compare-and-swap).
+    RestoreFromMirror,
+    /// `reset <reason>`: start a new, empty journal; the mirror's entries for the fleet are
+    /// kept aside (`diverged`, reason `Reset`) with the reason, and an Event records it.
+    Reset {
+        /// Why (free text, required).
+        reason: String,
+    },
+}
+
+impl fmt::Display for RepairCommand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RepairCommand::RestoreFromMirror => f.write_str("restore-from-mirror"),
+            RepairCommand::Reset { reason } => write!(f, "reset {reason}"),
+        }
+    }
+}
+
+/// Parses a repair command; `None` when the value is not one (then [`parse_command`] applies).
+pub fn parse_repair_command(value: &str) -> Option<Result<RepairCommand, CommandError>> {
+    let trimmed = value.trim();
+    let (verb, rest) = match trimmed.split_once(char::is_whitespace) {
+        Some((v, r)) => (v, r.trim()),
+        None => (trimmed, ""),
+    };
+    match verb {
+        "restore-from-mirror" | "reset" => {}
+        _ => return None,
+    }
+    if value.len() > MAX_COMMAND_BYTES {
+        return Some(Err(CommandError::TooLong { len: value.len() }));
+    }
+    if trimmed
+        .chars()
+        .any(|c| c.is_control() && c != ' ' && c != '\t')
+    {
+        return Some(Err(CommandError::ControlCharacter));
+    }
+    Some(match verb {
+        "restore-from-mirror" if rest.is_empty() => Ok(RepairCommand::RestoreFromMirror),
+        "restore-from-mirror" => Err(CommandError::TrailingWords {
+            extra: truncate_for_message(rest),
+        }),
+        _ if rest.is_empty() => Err(CommandError::MissingReason),
+        _ => Ok(RepairCommand::Reset {
+            reason: rest.to_owned(),
+        }),
     })
 }
 

@@ -1,27 +1,36 @@
 //! The byte budget and compaction (journal.md "Compaction").
 //!
-//! When an append would make the encoded annotation exceed the budget, the oldest entries of
-//! finished (completed, canceled or abandoned) operations are dropped — never an entry of an open
-//! operation, and never one of the 8 most recently finished operations. What is dropped is always
-//! a prefix of the chain made of whole operations (an operation is never half-dropped), so the
-//! rest still verifies from `compactedThrough`/`compactedHash`. Only as much is dropped as needed
-//! to fit. Foreign records (`Recovered` entries of unknown operations) count as finished but not
-//! as one of the 8 kept operations.
+//! When an append would make the encoded annotation exceed the budget, whole finished
+//! (completed, canceled or abandoned) operations are dropped, just enough to fit, in this
+//! order: first operations canceled before anything was issued (noise: an `Intent` and its
+//! `Canceled`, e.g. from a re-planning loop), oldest first; then the other finished ones,
+//! oldest first. Never dropped: an open operation; the 8 most recently finished operations
+//! that issued something; the last completed operation of each kind; the operation whose
+//! restart token is `lastRestartToken`; the operation whose entry answers the predecessor
+//! effect; the newest entry's operation. So noise cannot evict real history, and what the
+//! planner reads from the journal never changes by compaction.
 //!
-//! Because the dropped prefix must be contiguous, an old open operation (an adoption left open
-//! while later operations ran) also protects everything after its `Intent`.
+//! A dropped run at the front advances `compactedThrough`/`compactedHash`; a dropped run
+//! between kept entries becomes a *hole* `{from, through, hash}` in the document, where `hash`
+//! is entry `through`'s hash, which the next kept entry's `prev` links to. The chain verifies
+//! across both exactly as before, and the mirror keeps every entry. Foreign records
+//! (`Recovered` entries of unknown operations) are dropped like finished operations.
 
 use std::collections::{HashMap, HashSet};
 
-use crate::codec::{encoded_len_parts, Document, HARD_MAX_BYTES};
-use crate::fold::Fold;
+use crate::codec::{Document, Hole, HARD_MAX_BYTES};
+use crate::fold::{Fold, Outcome};
+use crate::journal::predecessor_entry;
 use crate::model::{Entry, Hash, OperationId, Seq};
 
 /// Default byte budget of the annotation (64 KiB, flag `--journal-annotation-bytes`).
 pub const DEFAULT_BUDGET_BYTES: usize = 64 * 1024;
 
-/// Smallest budget accepted: below this not even a few operations fit.
-pub const MIN_BUDGET_BYTES: usize = 4 * 1024;
+/// Smallest budget accepted: what compaction always keeps (the last 8 finished operations, the
+/// last completed one of each other kind and the open one: about 24 KiB for rolling and scale
+/// operations) must fit, or every append would fail. Operations that still do not fit (many
+/// per-member entries) report `JournalOverBudget`.
+pub const MIN_BUDGET_BYTES: usize = 32 * 1024;
 
 /// How many of the most recently finished operations compaction always keeps.
 pub const KEEP_FINISHED_OPERATIONS: usize = 8;
@@ -110,64 +119,117 @@ pub struct OverBudget {
     pub why: String,
 }
 
-/// Numbers of leading entries that may be dropped (ascending, each a whole-operation boundary),
-/// and why no larger prefix may be.
-fn cut_points(entries: &[Entry], fold: &Fold) -> (Vec<usize>, String) {
-    // Finished operations, newest first; the first KEEP_FINISHED_OPERATIONS are protected.
-    let protected: HashSet<OperationId> = fold
-        .finished_newest_first()
-        .into_iter()
-        .take(KEEP_FINISHED_OPERATIONS)
-        .map(|o| o.id())
-        .collect();
-    let mut last_seq: HashMap<OperationId, Seq> = HashMap::new();
+/// The operations (and foreign records) compaction may drop, in the order it drops them, and
+/// what it must keep. Dropped first: operations canceled before anything was issued (noise:
+/// an `Intent` and its `Canceled`), oldest first; then the other finished operations, oldest
+/// first. Always kept: open operations; the [`KEEP_FINISHED_OPERATIONS`] most recently
+/// finished operations that issued something; the last completed operation of each kind;
+/// the operation whose token is `lastRestartToken`; the operation whose entry answers the
+/// predecessor effect; and the operation of the newest entry.
+fn drop_order(doc: &Document, fold: &Fold) -> (Vec<OperationId>, String) {
+    let mut keep: HashSet<OperationId> = fold.open_operations().map(|o| o.id()).collect();
+    keep.extend(
+        fold.finished_newest_first()
+            .into_iter()
+            .filter(|o| o.issued_anything())
+            .take(KEEP_FINISHED_OPERATIONS)
+            .map(|o| o.id()),
+    );
+    let mut last_of_kind: HashMap<String, (Seq, OperationId)> = HashMap::new();
+    let mut last_token: Option<(Seq, OperationId)> = None;
     for o in fold.operations() {
-        last_seq.insert(o.id(), o.last_seq());
-    }
-    for f in fold.foreign_records() {
-        last_seq.insert(f.id(), f.entries().last().map_or(0, |e| e.seq()));
-    }
-    let open: HashSet<OperationId> = fold.open_operations().map(|o| o.id()).collect();
-
-    let mut cuts = Vec::new();
-    let mut reach: Seq = 0; // highest last seq of every group touched so far
-    for (i, e) in entries.iter().enumerate() {
-        let op = e.op();
-        if open.contains(&op) {
-            return (cuts, format!("operation {op} is open"));
-        }
-        if protected.contains(&op) {
-            return (
-                cuts,
-                format!("the last {KEEP_FINISHED_OPERATIONS} finished operations are kept"),
-            );
-        }
-        reach = reach.max(last_seq.get(&op).copied().unwrap_or(e.seq()));
-        if reach == e.seq() {
-            cuts.push(i + 1);
+        if let Some(c) = o.closure() {
+            if matches!(c.outcome, Outcome::Completed(_)) {
+                let slot = last_of_kind
+                    .entry(o.kind().to_string())
+                    .or_insert((c.seq, o.id()));
+                if c.seq >= slot.0 {
+                    *slot = (c.seq, o.id());
+                }
+                if o.intent().token.is_some() && last_token.is_none_or(|(s, _)| c.seq > s) {
+                    last_token = Some((c.seq, o.id()));
+                }
+            }
         }
     }
-    (cuts, "no entries are left".to_owned())
-}
-
-fn size_after_cut(doc: &Document, entries: &[Entry], cut: usize) -> usize {
-    let (ct, ch) = if cut == 0 {
-        (doc.compacted_through, doc.compacted_hash)
-    } else {
-        (entries[cut - 1].seq(), entries[cut - 1].hash())
-    };
-    encoded_len_parts(
-        &doc.fleet_uid,
-        doc.seq,
-        &doc.head,
-        ct,
-        &ch,
-        entries[cut..].iter().map(|e| e.to_json().len()),
+    keep.extend(last_of_kind.values().map(|(_, id)| *id));
+    keep.extend(last_token.map(|(_, id)| id));
+    if let Some((e, _)) = predecessor_entry(&doc.entries) {
+        keep.insert(e.op());
+    }
+    if let Some(newest) = doc.entries.last() {
+        keep.insert(newest.op());
+    }
+    let mut noise = Vec::new();
+    let mut rest = Vec::new();
+    let mut seen = HashSet::new();
+    for e in &doc.entries {
+        let id = e.op();
+        if keep.contains(&id) || !seen.insert(id) {
+            continue;
+        }
+        match fold.operation(id) {
+            Some(o) if !o.issued_anything() => noise.push(id),
+            _ => rest.push(id),
+        }
+    }
+    noise.extend(rest);
+    let open = fold
+        .open_operations()
+        .next()
+        .map(|o| format!("operation {} is open; ", o.id()))
+        .unwrap_or_default();
+    (
+        noise,
+        format!(
+            "{open}open operations, the last {KEEP_FINISHED_OPERATIONS} finished operations that issued something, \
+             the last completed operation of each kind, the last restart token's operation and the predecessor effect are kept"
+        ),
     )
 }
 
-/// Compacts `doc` (whose operations are `fold`) just enough to fit `budget`. Returns `None` when
-/// it already fits.
+/// `doc` without the entries of `dropped`: a dropped run at the front extends
+/// `compactedThrough`; a dropped run between kept entries becomes a hole whose hash is the
+/// `prev` of the entry after it. (The newest entry is never dropped, so no run is trailing.)
+fn without(doc: &Document, dropped: &HashSet<OperationId>) -> Document {
+    let entries: Vec<Entry> = doc
+        .entries
+        .iter()
+        .filter(|e| !dropped.contains(&e.op()))
+        .cloned()
+        .collect();
+    let (mut ct, mut ch) = (doc.compacted_through, doc.compacted_hash);
+    let mut holes = Vec::new();
+    let mut prev: Option<Seq> = None;
+    for e in &entries {
+        let after = prev.unwrap_or(ct);
+        if e.seq() > after + 1 {
+            if prev.is_none() {
+                ct = e.seq() - 1;
+                ch = e.prev();
+            } else {
+                holes.push(Hole {
+                    from: after + 1,
+                    through: e.seq() - 1,
+                    hash: e.prev(),
+                });
+            }
+        }
+        prev = Some(e.seq());
+    }
+    Document {
+        fleet_uid: doc.fleet_uid.clone(),
+        seq: doc.seq,
+        head: doc.head,
+        compacted_through: ct,
+        compacted_hash: ch,
+        holes,
+        entries,
+    }
+}
+
+/// Compacts `doc` (whose operations are `fold`) just enough to fit `budget`, dropping whole
+/// operations in [`drop_order`]. Returns `None` when it already fits.
 pub(crate) fn compact_to_fit(
     doc: &Document,
     fold: &Fold,
@@ -176,35 +238,22 @@ pub(crate) fn compact_to_fit(
     if doc.encoded_len() <= budget.bytes() {
         return Ok(None);
     }
-    let (cuts, why) = cut_points(&doc.entries, fold);
+    let (order, why) = drop_order(doc, fold);
+    let mut dropped: HashSet<OperationId> = HashSet::new();
+    let mut dropped_operations = Vec::new();
     let mut smallest = doc.encoded_len();
-    for cut in cuts {
-        let size = size_after_cut(doc, &doc.entries, cut);
-        smallest = size;
-        if size <= budget.bytes() {
-            let dropped = &doc.entries[..cut];
-            let last = dropped.last().expect("a cut drops at least one entry");
-            let mut dropped_operations: Vec<OperationId> = Vec::new();
-            for e in dropped {
-                if !dropped_operations.contains(&e.op()) {
-                    dropped_operations.push(e.op());
-                }
-            }
+    for id in order {
+        dropped.insert(id);
+        dropped_operations.push(id);
+        let compacted = without(doc, &dropped);
+        smallest = compacted.encoded_len();
+        if smallest <= budget.bytes() {
             let compaction = Compaction {
-                through: last.seq(),
-                hash: last.hash(),
-                dropped_entries: cut,
+                through: compacted.compacted_through,
+                hash: compacted.compacted_hash,
+                dropped_entries: doc.entries.len() - compacted.entries.len(),
                 dropped_operations,
             };
-            let compacted = Document {
-                fleet_uid: doc.fleet_uid.clone(),
-                seq: doc.seq,
-                head: doc.head,
-                compacted_through: compaction.through,
-                compacted_hash: compaction.hash,
-                entries: doc.entries[cut..].to_vec(),
-            };
-            debug_assert_eq!(compacted.encoded_len(), size);
             return Ok(Some((compacted, compaction)));
         }
     }
@@ -217,10 +266,10 @@ pub(crate) fn compact_to_fit(
 
 /// The size status of `doc` against `budget`.
 pub(crate) fn size_status(doc: &Document, fold: &Fold, budget: Budget) -> SizeStatus {
-    let (cuts, _) = cut_points(&doc.entries, fold);
+    let (order, _) = drop_order(doc, fold);
     SizeStatus {
         bytes: doc.encoded_len(),
         budget: budget.bytes(),
-        compactable: !cuts.is_empty(),
+        compactable: !order.is_empty(),
     }
 }

@@ -40,6 +40,9 @@ pub enum LoadError {
         /// The rule it breaks.
         error: TransitionError,
     },
+    /// A rebuilt history does not fit the budget even after compaction.
+    #[error(transparent)]
+    OverBudget(OverBudget),
 }
 
 /// Why an entry cannot be appended.
@@ -175,30 +178,134 @@ impl Journal {
     /// (which is why every Intent records it: after compaction the `Issued` may be gone);
     /// a `MemberReplacement` Intent answers only if it recorded one.
     pub fn predecessor_effect(&self) -> Option<Effect> {
-        for e in self.doc.entries().iter().rev() {
-            match e.body() {
-                EntryBody::Issued(i) if i.step.writes_workload_marker() => {
-                    return Some(i.effect.clone())
-                }
-                EntryBody::Recovered(r) if r.effect.step.writes_workload_marker() => {
-                    return Some(r.effect.clone())
-                }
-                EntryBody::Intent(i) if i.kind.writes_workload() => {
-                    return i.predecessor_effect.clone()
-                }
-                EntryBody::Intent(i) if i.predecessor_effect.is_some() => {
-                    return i.predecessor_effect.clone()
-                }
-                _ => {}
-            }
-        }
-        None
+        predecessor_entry(self.doc.entries()).and_then(|(_, effect)| effect)
     }
 
     /// `status.lastRestartToken`: see [`Fold::last_restart_token`].
     pub fn last_restart_token(&self) -> Option<&str> {
         self.fold.last_restart_token()
     }
+
+    /// Compares the workload's live effect marker (`celld.eric.dev/effect`) with this journal
+    /// (journal.md "The guarded write", step 3). Pure: the caller read the workload fresh.
+    ///
+    /// - equal to [`Journal::predecessor_effect`] (or both absent) → [`MarkerCheck::Expected`];
+    /// - an effect of a marker-writing step that this journal may still record (an operation
+    ///   whose write landed but was never recorded, e.g. abandoned or canceled after a kill
+    ///   between write and record, or an operation the annotation does not hold at all, e.g.
+    ///   restored from an older copy) → [`MarkerCheck::Unrecorded`]: record it `Recovered`,
+    ///   never reissue it;
+    /// - anything else (no marker, not a marker, an effect this journal already recorded but
+    ///   not as its last one) → [`MarkerCheck::Mismatch`]: no new plan can change that, so a
+    ///   person decides; the operator writes nothing to the workload meanwhile.
+    pub fn check_marker(&self, live: Option<&str>) -> MarkerCheck {
+        let expected = self.predecessor_effect();
+        if expected.as_ref().map(ToString::to_string).as_deref() == live {
+            return MarkerCheck::Expected;
+        }
+        let mismatch = |why: &str| MarkerCheck::Mismatch {
+            found: live.map(str::to_owned),
+            expected: expected.clone(),
+            why: why.to_owned(),
+        };
+        let Some(text) = live else {
+            return mismatch("the marker is missing (removed by hand, or the workload was recreated or restored without it)");
+        };
+        let Ok(effect) = text.parse::<Effect>() else {
+            return mismatch("the value is not an effect marker written by this operator");
+        };
+        if !effect.step.writes_workload_marker() {
+            return mismatch("the step does not write the workload marker");
+        }
+        let recovered = EntryBody::Recovered(Recovered {
+            effect: effect.clone(),
+            source: "workload-marker".to_owned(),
+        });
+        match self.fold.check(effect.op, &recovered) {
+            Ok(()) => MarkerCheck::Unrecorded(effect),
+            Err(_) => mismatch(
+                "the journal already recorded that effect, and later ones (a workload restored from a backup, or a write by another operator)",
+            ),
+        }
+    }
+
+    /// Rebuilds a journal from a fleet's history (the mirror's entries or an export, oldest
+    /// first): the chain must verify from its first entry (seq 1 from zeros, or a later seq whose
+    /// `prev` is taken as the compacted prefix), every entry must fold under the transition
+    /// rules, and the result is compacted to fit `budget` the way appends compact. Used by
+    /// `journal restore` to write a verified chain back to the annotation.
+    pub fn from_history(
+        fleet_uid: &str,
+        entries: Vec<Entry>,
+        budget: Budget,
+    ) -> Result<Journal, LoadError> {
+        let (compacted_through, compacted_hash) = match entries.first() {
+            Some(first) if first.seq() > 1 => (first.seq() - 1, first.prev()),
+            _ => (0, Hash::ZERO),
+        };
+        let (seq, head) = match entries.last() {
+            Some(last) => (last.seq(), last.hash()),
+            None => (0, Hash::ZERO),
+        };
+        let doc = Document {
+            fleet_uid: fleet_uid.to_owned(),
+            seq,
+            head,
+            compacted_through,
+            compacted_hash,
+            holes: Vec::new(),
+            entries,
+        };
+        let journal = Journal::from_document(doc, fleet_uid)?;
+        match compaction::compact_to_fit(&journal.doc, &journal.fold, budget) {
+            Ok(None) => Ok(journal),
+            Ok(Some((doc, report))) => {
+                let mut fold = journal.fold;
+                fold.forget(&report.dropped_operations);
+                Ok(Journal { doc, fold })
+            }
+            Err(over) => Err(LoadError::OverBudget(over)),
+        }
+    }
+}
+
+/// What the workload's effect marker says against the journal ([`Journal::check_marker`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerCheck {
+    /// The marker is the journal's last effect (or both are absent).
+    Expected,
+    /// The marker names an effect this journal did not record: record it `Recovered`; it is
+    /// then the predecessor of the next write.
+    Unrecorded(Effect),
+    /// The marker contradicts the journal in a way no new plan can resolve.
+    Mismatch {
+        /// The live marker.
+        found: Option<String>,
+        /// The journal's last effect.
+        expected: Option<Effect>,
+        /// Why it cannot be recorded.
+        why: String,
+    },
+}
+
+/// The entry that answers [`Journal::predecessor_effect`], and its answer (compaction keeps
+/// that entry's operation, so the answer never changes by compaction).
+pub(crate) fn predecessor_entry(entries: &[Entry]) -> Option<(&Entry, Option<Effect>)> {
+    for e in entries.iter().rev() {
+        match e.body() {
+            EntryBody::Issued(i) if i.step.writes_workload_marker() => {
+                return Some((e, Some(i.effect.clone())))
+            }
+            EntryBody::Recovered(r) if r.effect.step.writes_workload_marker() => {
+                return Some((e, Some(r.effect.clone())))
+            }
+            EntryBody::Intent(i) if i.kind.writes_workload() || i.predecessor_effect.is_some() => {
+                return Some((e, i.predecessor_effect.clone()))
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// The result of [`Journal::stage`]: the annotation text to compare-and-swap, and the journal it

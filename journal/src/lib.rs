@@ -104,8 +104,11 @@ pub use appender::{
     LoadFailure, Snapshot, Version, JOURNAL_ANNOTATION,
 };
 pub use chain::{ChainError, ChainProblem};
-pub use codec::{decode_document, decode_entry, DecodeError, Document, HARD_MAX_BYTES};
-pub use command::{parse_command, Command, CommandAction, CommandError, COMMAND_ANNOTATION};
+pub use codec::{decode_document, decode_entry, DecodeError, Document, Hole, HARD_MAX_BYTES};
+pub use command::{
+    parse_command, parse_repair_command, Command, CommandAction, CommandError, RepairCommand,
+    COMMAND_ANNOTATION,
+};
 pub use compaction::{
     Budget, BudgetError, Compaction, OverBudget, SizeStatus, DEFAULT_BUDGET_BYTES,
 };
@@ -114,7 +117,7 @@ pub use fold::{
     Closure, EffectRecord, EffectSource, Fold, Operation, OperationState, Outcome, Phase,
     TransitionError, ADOPTED_HOLD_REASON,
 };
-pub use journal::{Journal, LoadError, StageError, Staged};
+pub use journal::{Journal, LoadError, MarkerCheck, StageError, Staged};
 pub use mirror::plan::{plan_reconcile, DivergeReason, MirrorAction, ReconcilePlan, Signal};
 pub use mirror::{Mirror, MirrorError, MirrorOptions, DEFAULT_RETENTION};
 pub use model::*;

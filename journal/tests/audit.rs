@@ -194,8 +194,8 @@ fn verify_checks_the_transitions_of_a_complete_history() {
 
 #[test]
 fn a_gap_in_the_mirror_is_reported_but_is_not_a_failure() {
-    let mut w = Writer::with_budget(Budget::new(16 * 1024).unwrap());
-    for n in 1..=20 {
+    let mut w = Writer::with_budget(Budget::new(32 * 1024).unwrap());
+    for n in 1..=40 {
         w.scale(op(n), 1, 2);
     }
     let last = w.journal.entries().last().unwrap().seq();

@@ -28,7 +28,7 @@ fn nothing_is_compacted_while_the_document_fits() {
 
 #[test]
 fn compaction_drops_the_oldest_finished_operations_just_enough_to_fit() {
-    let mut w = Writer::with_budget(budget(16));
+    let mut w = Writer::with_budget(budget(32));
     let mut compactions = Vec::new();
     for n in 1..=30 {
         for (i, body) in [
@@ -42,7 +42,7 @@ fn compaction_drops_the_oldest_finished_operations_just_enough_to_fit() {
         {
             let _ = i;
             let staged = w.try_push(op(n), body).unwrap();
-            assert!(staged.annotation().len() <= 16 * 1024);
+            assert!(staged.annotation().len() <= 32 * 1024);
             assert_eq!(staged.annotation().len(), staged.size().bytes);
             if let Some(c) = staged.compaction() {
                 compactions.push(c.clone());
@@ -72,7 +72,7 @@ fn compaction_drops_the_oldest_finished_operations_just_enough_to_fit() {
 
 #[test]
 fn compaction_keeps_the_last_eight_finished_operations() {
-    let mut w = Writer::with_budget(budget(16));
+    let mut w = Writer::with_budget(budget(32));
     for n in 1..=30 {
         w.scale(op(n), 1, 2);
         let finished = w.journal.fold().finished_newest_first().len();
@@ -82,13 +82,13 @@ fn compaction_keeps_the_last_eight_finished_operations() {
     // An operation too large to fit next to the eight newest finished ones is refused, and
     // those eight are not dropped to make room.
     let mut huge = intent(OperationKind::Restart, 30, 30);
-    huge.targets = (0..30).map(|m| target(&format!("beta-{m}"))).collect();
+    huge.targets = (0..120).map(|m| target(&format!("beta-{m}"))).collect();
     let before = w.journal.document().clone();
     match w.try_push(op(99), EntryBody::Intent(huge)) {
         Err(StageError::OverBudget(o)) => {
             assert!(o.why.contains("last 8 finished"), "{}", o.why);
-            assert_eq!(o.budget, 16 * 1024);
-            assert!(o.smallest > 16 * 1024);
+            assert_eq!(o.budget, 32 * 1024);
+            assert!(o.smallest > 32 * 1024);
         }
         other => panic!("{other:?}"),
     }
@@ -97,10 +97,10 @@ fn compaction_keeps_the_last_eight_finished_operations() {
 
 #[test]
 fn compaction_never_drops_an_open_operation() {
-    let mut w = Writer::with_budget(budget(8));
+    let mut w = Writer::with_budget(budget(32));
     w.push(op(1), intent_body(OperationKind::Delete, 3, 0));
     let mut refused = None;
-    for n in 0..100 {
+    for n in 0..400 {
         if let Err(e) = w.try_push(op(1), retired(&format!("data-beta-{n}"))) {
             refused = Some(e);
             break;
@@ -112,18 +112,18 @@ fn compaction_never_drops_an_open_operation() {
     }
     assert_eq!(w.journal.document().compacted_through(), 0);
     assert_eq!(w.journal.entries()[0].entry_type(), EntryType::Intent);
-    let size = w.journal.size_status(budget(8));
+    let size = w.journal.size_status(budget(32));
     assert!(!size.compactable);
     assert!(size.warning(), "over 75% with nothing to compact: {size:?}");
 }
 
 #[test]
 fn the_size_warning_needs_both_fullness_and_nothing_to_compact() {
-    let mut w = Writer::with_budget(budget(16));
-    for n in 1..=12 {
+    let mut w = Writer::with_budget(budget(32));
+    for n in 1..=24 {
         w.scale(op(n), 1, 2);
     }
-    let s = w.journal.size_status(budget(16));
+    let s = w.journal.size_status(budget(32));
     assert!(s.bytes * 4 > s.budget * 3, "{s:?}");
     assert!(
         s.compactable,
@@ -136,7 +136,7 @@ fn the_size_warning_needs_both_fullness_and_nothing_to_compact() {
 
 #[test]
 fn foreign_records_are_compacted_like_finished_operations() {
-    let mut w = Writer::with_budget(budget(16));
+    let mut w = Writer::with_budget(budget(32));
     w.push(op(900), recovered(op(900), "template"));
     for n in 1..=30 {
         w.scale(op(n), 1, 2);
@@ -152,12 +152,12 @@ fn a_lowered_budget_compacts_on_the_next_append() {
         w.scale(op(n), 1, 2);
     }
     let before = w.journal.document().encoded_len();
-    assert!(before > 16 * 1024);
-    w.budget = budget(16);
+    assert!(before > 32 * 1024);
+    w.budget = budget(32);
     let staged = w
         .try_push(op(41), intent_body(OperationKind::Scale, 1, 2))
         .unwrap();
-    assert!(staged.annotation().len() <= 16 * 1024);
+    assert!(staged.annotation().len() <= 32 * 1024);
     assert!(staged.compaction().unwrap().dropped_operations.len() > 1);
 }
 

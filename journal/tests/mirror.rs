@@ -336,8 +336,8 @@ fn an_absent_annotation_rolls_the_whole_mirror_back() {
 
 #[test]
 fn a_mismatch_at_the_compaction_boundary_sets_the_old_history_aside() {
-    let mut w = Writer::with_budget(Budget::new(16 * 1024).unwrap());
-    for n in 1..=20 {
+    let mut w = Writer::with_budget(Budget::new(32 * 1024).unwrap());
+    for n in 1..=40 {
         w.scale(op(n), 1, 2);
     }
     let doc = w.journal.document();
@@ -366,8 +366,8 @@ fn a_mismatch_at_the_compaction_boundary_sets_the_old_history_aside() {
 #[test]
 fn entries_compacted_out_of_the_annotation_stay_in_the_mirror() {
     let m = Mirror::temporary(MirrorOptions::default()).unwrap();
-    let mut w = Writer::with_budget(Budget::new(16 * 1024).unwrap());
-    for n in 1..=20 {
+    let mut w = Writer::with_budget(Budget::new(32 * 1024).unwrap());
+    for n in 1..=40 {
         for body in [
             intent_body(OperationKind::Scale, 1, 2),
             issued(op(n), "replicas"),
@@ -381,7 +381,7 @@ fn entries_compacted_out_of_the_annotation_stay_in_the_mirror() {
     assert!(w.journal.document().compacted_through() > 0);
     let plan = m.reconcile(w.journal.document()).unwrap();
     assert!(plan.is_empty(), "{plan:?}");
-    assert_eq!(m.entries(FLEET).unwrap().len(), 80);
+    assert_eq!(m.entries(FLEET).unwrap().len(), 160);
     chain::verify_entries(&m.entries(FLEET).unwrap(), Some((0, Hash::ZERO))).unwrap();
 }
 

@@ -42,7 +42,13 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
         return Ok(Report::progress("Deletion finished".into()));
     }
     // An open operation of another kind first.
-    if let Some(op) = open_op(run).filter(|o| o.kind != OperationKind::Delete) {
+    if let Some(mut op) = open_op(run).filter(|o| o.kind != OperationKind::Delete) {
+        if !op.issued && super::drive::effect_landed(run, &op).await? {
+            // Its write landed before a kill and was never recorded: record it first, so
+            // the journal does not call a change the world shows "canceled before issue".
+            super::drive::record_replayed(run, &op).await?;
+            op.issued = true;
+        }
         let body = if op.issued {
             EntryBody::Abandoned(PersonAction {
                 by: "fleet-deletion".into(),
@@ -86,7 +92,11 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
                 to: 0,
                 token: None,
                 image: None,
-                reason: Some("fleet deleted".into()),
+                reason: Some(if run.journal_unusable {
+                    super::integrity::KEEP_CLAIMS_REASON.into()
+                } else {
+                    "fleet deleted".into()
+                }),
                 deadline: run.ctx.deadline(run.now, None),
                 targets: vec![],
                 workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
@@ -158,9 +168,16 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
         run.append(id, workload_issued(true, None)).await?;
     }
 
-    // 2. Every fleet claim, removed members' included, from a fresh list.
+    // 2. Every fleet claim, removed members' included, from a fresh list — unless the
+    // deletion runs in a journal started because the fleet's own was unusable: then the
+    // claims' history is unknown and they are kept for a person to delete.
     let claims_api = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &run.ns);
-    let claims = run.claims().await?;
+    let keep_claims = op.intent.reason.as_deref() == Some(super::integrity::KEEP_CLAIMS_REASON);
+    let claims = if keep_claims {
+        Vec::new()
+    } else {
+        run.claims().await?
+    };
     for claim in &claims {
         let name = claim.name_any();
         if has(run, &Step::Retire(name.clone())) {
@@ -218,7 +235,11 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
         run.append(
             id,
             EntryBody::Observed(Observed {
-                note: "no workload, fleet claim or owned prerequisite remains".into(),
+                note: if keep_claims {
+                    "no workload or owned prerequisite remains; the fleet's claims were kept".into()
+                } else {
+                    "no workload, fleet claim or owned prerequisite remains".into()
+                },
             }),
         )
         .await?;

@@ -8,13 +8,14 @@
 
 use journal::{
     CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
-    Observed, OperationId, OperationKind, PersonAction, Phase, Step, Target,
+    MarkerCheck, Observed, OperationId, OperationKind, PersonAction, Phase, Step, Target,
 };
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use super::compare::rendered_matches;
+use super::integrity;
 use super::plan::{plan, Desired, LiveView, Plan};
 use super::workload::{self, LiveWorkload};
 use super::{Error, KubeContext, Report, Run};
@@ -104,6 +105,16 @@ fn schedule_decided(pod: &Pod) -> bool {
 pub async fn consume_command(run: &mut Run<'_>, value: &str) -> Result<(), Error> {
     let refused = match journal::parse_command(value) {
         Ok(cmd) => {
+            // Abandoning an operation whose write landed but was not recorded yet (killed at
+            // `after-effect`): the landed effect is recorded as replayed first, so the journal
+            // never says "never issued" about a change the world shows.
+            if cmd.action == journal::CommandAction::Abandon {
+                if let Some(op) = open_op(run).filter(|o| o.id == cmd.op && !o.issued) {
+                    if op.kind != OperationKind::Delete && effect_landed(run, &op).await? {
+                        record_replayed(run, &op).await?;
+                    }
+                }
+            }
             match run
                 .journal
                 .command_entry(&cmd, "user", None, run.now, run.ctx.leader.clone())
@@ -350,8 +361,28 @@ fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
     changed.then_some(CancelReason::RequestChanged)
 }
 
+/// Records the operation's landed workload effect as `Issued{replayed}` (no write).
+pub(crate) async fn record_replayed(run: &mut Run<'_>, op: &OpenOp) -> Result<(), Error> {
+    let step = step_of(op.kind);
+    let live = workload::get(
+        &run.ctx.client,
+        &run.ns,
+        &run.name,
+        uses_statefulset(&run.fleet.spec),
+    )
+    .await
+    .ctx(|| "reading the workload".into())?;
+    let rv = live
+        .as_ref()
+        .and_then(|w| w.meta().resource_version.clone());
+    let effect = Effect::new(op.id, step.clone());
+    run.append(op.id, issued(step, effect, rv.clone(), rv, true))
+        .await?;
+    Ok(())
+}
+
 /// Whether the workload carries this operation's own effect marker.
-async fn effect_landed(run: &Run<'_>, op: &OpenOp) -> Result<bool, Error> {
+pub(crate) async fn effect_landed(run: &Run<'_>, op: &OpenOp) -> Result<bool, Error> {
     let marker = Effect::new(op.id, step_of(op.kind)).to_string();
     let live = workload::get(
         &run.ctx.client,
@@ -429,6 +460,22 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
 
     // Guard: marker = predecessor, replicas = from, owned; contraction: victim as recorded.
     let predecessor = run.journal.predecessor_effect().map(|e| e.to_string());
+    if let Some(w) = live.as_ref().filter(|w| w.owned_by(&run.uid)) {
+        if let MarkerCheck::Unrecorded(found) = run.journal.check_marker(w.marker()) {
+            // Another operation's write that this journal never recorded (e.g. abandoned
+            // after it landed): record it, never reissue it; the next reconcile decides
+            // against it as the predecessor.
+            let body = EntryBody::Recovered(journal::Recovered {
+                effect: found.clone(),
+                source: "workload-marker".into(),
+            });
+            run.append(found.op, body).await?;
+            return Ok(progress(
+                op,
+                &format!("recorded effect {found} found on the workload; deciding again"),
+            ));
+        }
+    }
     let guard = match &live {
         None => Err("the workload is gone".to_string()),
         Some(w) if !w.owned_by(&run.uid) => {
@@ -461,6 +508,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
                 }),
             )
             .await?;
+            integrity::note_canceled(run, fingerprint_of(op));
             return Ok(Report::provisioning(format!(
                 "{} {} canceled before issue: {why}; planning again",
                 op.kind, op.id
@@ -483,6 +531,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
         Err(e) => return Err(e).ctx(|| "writing the workload".into()),
     };
     failpoint::reach("after-effect");
+    integrity::clear_backoff(run);
     run.append(
         op.id,
         issued(
@@ -495,6 +544,16 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     )
     .await?;
     Ok(progress(op, "effect issued"))
+}
+
+fn fingerprint_of(op: &OpenOp) -> String {
+    integrity::fingerprint(
+        op.kind,
+        op.intent.from,
+        op.intent.to,
+        op.intent.token.as_deref(),
+        op.intent.image.as_deref(),
+    )
 }
 
 fn issued(
@@ -620,6 +679,27 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             ));
         }
     }
+    // The workload's effect marker against the journal, before anything is planned: an
+    // effect this journal did not record is recorded (`Recovered`, never reissued) and is
+    // the predecessor of the next write; a marker nothing can explain blocks the fleet
+    // until a person resolves it, instead of planning and canceling in a loop.
+    if let Some(w) = &live {
+        let check = run.journal.check_marker(w.marker());
+        if let MarkerCheck::Unrecorded(effect) = &check {
+            let body = EntryBody::Recovered(journal::Recovered {
+                effect: effect.clone(),
+                source: "workload-marker".into(),
+            });
+            run.append(effect.op, body).await?;
+            return Ok(Report::provisioning(format!(
+                "Recorded effect {effect} found on the workload but missing from the journal; planning again"
+            )));
+        }
+        let kind = if sts { "StatefulSet" } else { "Deployment" };
+        if let Some(report) = integrity::marker_mismatch(run, &check, kind) {
+            return Ok(report);
+        }
+    }
     // Claims at member names: fresh reads (a foreign claim has no fleet label, so no list sees it).
     let mut kept = Vec::new();
     if spec.profile == Profile::PersistentFleet {
@@ -652,26 +732,6 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 continue;
             }
             kept.push(i);
-        }
-    }
-    // The world shows an effect this journal does not hold (e.g. the annotation was restored
-    // from an older copy): record it as Recovered, never reissue it, and let it be the
-    // predecessor of the next write (journal.md "Replay").
-    if let Some(marker) = live.as_ref().and_then(LiveWorkload::marker) {
-        let predecessor = run.journal.predecessor_effect().map(|e| e.to_string());
-        if predecessor.as_deref() != Some(marker) {
-            if let Ok(effect) = marker.parse::<Effect>() {
-                if run.journal.fold().operation(effect.op).is_none() {
-                    let body = EntryBody::Recovered(journal::Recovered {
-                        effect: effect.clone(),
-                        source: "workload-marker".into(),
-                    });
-                    run.append(effect.op, body).await?;
-                    return Ok(Report::provisioning(format!(
-                        "Recorded effect {marker} found on the workload but missing from the journal; planning again"
-                    )));
-                }
-            }
         }
     }
     let token = spec
@@ -777,6 +837,14 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                     claim_uid: None,
                     claim_resource_version: None,
                 });
+            }
+            let fp = integrity::fingerprint(kind, from, to, token.as_deref(), image.as_deref());
+            if let Some((count, left)) = integrity::replan_paused(run, &fp) {
+                return Ok(Report::provisioning(format!(
+                    "{kind} {from}->{to} was canceled {count} time(s) in a row because the workload changed under it; \
+                     planning it again in {} s",
+                    left.as_secs() + 1
+                )));
             }
             // Every operation but a contraction creates Pods or claims: the ServiceAccount and
             // StorageClass are read fresh right before it is decided (behavior.md §1 "Reads").

@@ -9,6 +9,7 @@
 pub mod compare;
 mod delete;
 mod drive;
+mod integrity;
 mod plan;
 mod prereq;
 mod status;
@@ -65,6 +66,9 @@ pub struct Ctx {
     pub restart_baseline: std::sync::Mutex<std::collections::HashMap<String, i32>>,
     /// Per-namespace watches that trigger reconciles (`None`: none).
     pub watches: Option<crate::watches::Watches>,
+    /// Fleet UID → the request last canceled with `PredecessorChanged`, how often in a row,
+    /// and when it may be planned again (the cancel-and-replan backoff).
+    pub replan_backoff: std::sync::Mutex<std::collections::HashMap<String, integrity::Replan>>,
 }
 
 impl Ctx {
@@ -159,6 +163,9 @@ pub(crate) struct Run<'a> {
     pub ns: String,
     pub name: String,
     pub uid: String,
+    /// The fleet's journal annotation is damaged or missing (`JournalInvalid`,
+    /// `JournalMissing`): `journal` is a fresh one, used only to journal a deletion.
+    pub journal_unusable: bool,
 }
 
 impl Run<'_> {
@@ -166,6 +173,44 @@ impl Run<'_> {
     pub fn before_effect(&self) {
         self.ctx.check_lease();
         crate::failpoint::reach("before-effect");
+    }
+
+    /// Before deciding an effect: the mirror must hold every entry the annotation holds (a
+    /// mirror write that failed after its append committed is caught up here; if that fails
+    /// too, the reconcile ends and no effect is issued).
+    pub async fn ensure_mirrored(&self) -> Result<(), Error> {
+        let Some(mirror) = &self.ctx.mirror else {
+            return Ok(());
+        };
+        let signals = journal_store::ensure_mirrored(mirror, &self.journal)
+            .map_err(|e| Error::Append(journal_store::AppendError::Mirror(e)))?;
+        self.publish_signals(&signals).await;
+        Ok(())
+    }
+
+    /// `JournalDiverged` / `JournalRollback` found while mirroring: a Warning Event each.
+    async fn publish_signals(&self, signals: &[journal::Signal]) {
+        use kube::runtime::events::{Event, EventType};
+        for signal in signals {
+            tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason = signal.event_reason(), "{}", signal.message());
+            let Some(recorder) = &self.ctx.recorder else {
+                continue;
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: signal.event_reason().into(),
+                note: Some(signal.message()),
+                action: format!(
+                    "{}-{}",
+                    signal.event_reason(),
+                    self.journal.document().seq()
+                ),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+                tracing::warn!(error = %e, "publishing a journal signal Event failed");
+            }
+        }
     }
 
     /// Appends one entry (compare-and-swap on the fleet) and mirrors it.
@@ -205,6 +250,8 @@ impl Run<'_> {
         );
         self.fleet = committed.fleet;
         self.journal = committed.journal;
+        self.journal_unusable = false;
+        self.publish_signals(&committed.signals).await;
         self.ctx
             .metrics
             .appends
@@ -376,16 +423,15 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     if let Some(watch) = &ctx.watches {
         watch.track(ns, name, &uid);
     }
-    let journal = match journal_store::load(&fleet) {
-        Ok(j) => j,
-        Err(e) => {
-            let report = Report::blocked(
-                "InvalidConfiguration",
-                format!("metadata.annotations[celld.eric.dev/journal]: {e}; the operator changes nothing until it is repaired"),
-            );
-            status::write(&api, &fleet, None, &[], None, &report).await?;
-            return Ok(Next::Later);
-        }
+    // Repairs of a journal that may not load are consumed before it is loaded.
+    let fleet = match integrity::consume_repair(ctx, &api, fleet).await? {
+        Some(f) => f,
+        None => return Ok(Next::Soon),
+    };
+    let old_status = fleet.status.clone().unwrap_or_default();
+    let (journal, unusable) = match integrity::load(ctx, &fleet) {
+        Ok(j) => (j, None),
+        Err(report) => (journal::Journal::new(uid.clone()), Some(report)),
     };
     let mut run = Run {
         ctx,
@@ -396,8 +442,19 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         ns: ns.into(),
         name: name.into(),
         uid,
+        journal_unusable: unusable.is_some(),
     };
-    let report = match reconcile_steps(&mut run).await {
+    if !run.journal_unusable {
+        run.ensure_mirrored().await?;
+    }
+    let steps = match unusable {
+        // A deleted fleet is not held hostage by a damaged or missing journal: its deletion
+        // runs in a fresh journal that keeps the claims (integrity.rs).
+        Some(_) if run.fleet.meta().deletion_timestamp.is_some() => delete::drive(&mut run).await,
+        Some(report) => Ok(report),
+        None => reconcile_steps(&mut run).await,
+    };
+    let report = match steps {
         Ok(r) => r,
         Err(Error::Kube { source: kube::Error::Api(s), context }) if s.code == 403 => Report::blocked(
             "NamespaceAccessDenied",
@@ -407,6 +464,15 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
                 run.ns
             ),
         ),
+        Err(Error::Append(journal_store::AppendError::Stage(journal::StageError::OverBudget(o)))) => {
+            Report::blocked(
+                "JournalOverBudget",
+                format!(
+                    "The journal needs {} bytes to keep what compaction must keep; the budget is {} (--journal-annotation-bytes): {}",
+                    o.smallest, o.budget, o.why
+                ),
+            )
+        }
         Err(e) => return Err(e),
     };
     if run.fleet.meta().deletion_timestamp.is_some()
@@ -431,12 +497,14 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     let status = status::write(
         &run.api,
         &run.fleet,
-        Some(&run.journal),
+        (!run.journal_unusable).then_some(&run.journal),
+        run.ctx.budget,
         &pods,
         live.as_ref(),
         &report,
     )
     .await?;
+    integrity::announce_blocked(&run, &old_status, &report).await;
     record_metrics(&run, &status);
     run.self_fence_events(&pods).await;
     Ok(
@@ -490,6 +558,10 @@ fn record_metrics(run: &Run<'_>, st: &crate::api::CelldFleetStatus) {
             .map(|t| (Utc::now() - t.with_timezone(&Utc)).num_seconds())
             .unwrap_or(0),
     );
+    if run.journal_unusable {
+        // Keep the journal gauges at their last values: the fresh placeholder says nothing.
+        return;
+    }
     let p = run.journal.projection(run.ctx.budget);
     m.open_operations
         .get_or_create(&l)

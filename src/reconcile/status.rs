@@ -110,11 +110,16 @@ fn condition(
 }
 
 /// Computes the status and writes it when it changed (merge patch carrying the fleet's
-/// resourceVersion; a conflict just means the next reconcile writes it).
+/// resourceVersion; a conflict just means the next reconcile writes it). `journal: None`
+/// means the journal cannot be used (damaged or missing): its projection keeps the last
+/// known values (current and recent operations, `lastRestartToken`, journal figures, the
+/// stall and size conditions), so nothing reading status (kubectl, dashboards) sees them
+/// vanish.
 pub async fn write(
     api: &Api<CelldFleet>,
     fleet: &CelldFleet,
     journal: Option<&Journal>,
+    budget: Budget,
     pods: &[Pod],
     live: Option<&LiveWorkload>,
     report: &Report,
@@ -158,7 +163,7 @@ pub async fn write(
     let mut stalled = None;
     let mut size_warning = None;
     if let Some(j) = journal {
-        let p = j.projection(Budget::default());
+        let p = j.projection(budget);
         st.current_operation = p.current_operation.as_ref().map(|c| api::CurrentOperation {
             id: c.id.to_string(),
             kind: serde_json::from_value(json!(c.kind.to_string()))
@@ -218,6 +223,20 @@ pub async fn write(
         }
     }
 
+    if journal.is_none() {
+        st.current_operation = old.current_operation.clone();
+        st.recent_operations = old.recent_operations.clone();
+        st.last_restart_token = old.last_restart_token.clone();
+        st.journal = old.journal.clone();
+        let kept = |t: &str| {
+            old.conditions
+                .iter()
+                .find(|c| c.type_ == t && c.status == "True")
+                .map(|c| c.message.clone())
+        };
+        stalled = kept("OperationStalled");
+        size_warning = kept("JournalSizeWarning");
+    }
     let (infra, progressing, blocked) = match report.class {
         Class::Done => (true, false, false),
         Class::Wait | Class::Progress => (true, true, false),

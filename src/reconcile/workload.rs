@@ -233,6 +233,26 @@ pub async fn replace(
     })
 }
 
+/// A person's repair (`journal adopt`): the workload as read, with its effect marker set to
+/// `marker` (or removed), written back with the read resourceVersion; nothing else changes.
+pub async fn set_marker_guarded(
+    client: &Client,
+    ns: &str,
+    live: &LiveWorkload,
+    marker: Option<&str>,
+) -> Result<LiveWorkload, kube::Error> {
+    let mut w = live.clone();
+    match marker {
+        Some(m) => w.set_marker(m),
+        None => {
+            if let Some(a) = w.meta_mut().annotations.as_mut() {
+                a.remove(EFFECT_ANNOTATION);
+            }
+        }
+    }
+    replace(client, ns, &w).await
+}
+
 /// Foreground delete with UID and resourceVersion preconditions.
 pub async fn delete(client: &Client, ns: &str, live: &LiveWorkload) -> Result<(), kube::Error> {
     let m = live.meta();

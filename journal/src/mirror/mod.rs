@@ -614,6 +614,26 @@ impl Mirror {
         Ok(())
     }
 
+    /// `journal reset`: moves every entry `fleet` holds to the `diverged` tree (reason
+    /// `Reset`; kept, never deleted), so a new journal starting again at seq 1 is not taken
+    /// for a rollback. Returns how many entries were set aside.
+    pub fn set_aside(&self, fleet: &str) -> Result<usize, MirrorError> {
+        let held = self.entries(fleet)?;
+        let (Some(first), Some(last)) = (held.first(), held.last()) else {
+            return Ok(0);
+        };
+        let plan = ReconcilePlan {
+            actions: vec![MirrorAction::MoveToDiverged {
+                from: first.seq(),
+                through: last.seq(),
+                reason: DivergeReason::Reset,
+            }],
+            signals: Vec::new(),
+        };
+        self.apply(fleet, &plan)?;
+        Ok(held.len())
+    }
+
     /// Entries of `fleet` kept aside in the `diverged` tree, by seq.
     pub fn diverged(&self, fleet: &str) -> Result<Vec<DivergedEntry>, MirrorError> {
         validate_fleet_uid(fleet)?;
@@ -632,14 +652,18 @@ impl Mirror {
                 },
             };
             let text = std::str::from_utf8(&v).map_err(|_| corrupt("not UTF-8"))?;
-            let (entry_text, reason) =
-                if let Some(t) = text.strip_suffix(",\"reason\":\"Diverged\"}") {
-                    (t, DivergeReason::Diverged)
-                } else if let Some(t) = text.strip_suffix(",\"reason\":\"Rollback\"}") {
-                    (t, DivergeReason::Rollback)
-                } else {
-                    return Err(corrupt("no reason"));
-                };
+            let Some((entry_text, reason)) = [
+                DivergeReason::Diverged,
+                DivergeReason::Rollback,
+                DivergeReason::Reset,
+            ]
+            .into_iter()
+            .find_map(|r| {
+                text.strip_suffix(&format!(",\"reason\":\"{}\"}}", r.as_str()))
+                    .map(|t| (t, r))
+            }) else {
+                return Err(corrupt("no reason"));
+            };
             let entry_text = entry_text
                 .strip_prefix("{\"entry\":")
                 .ok_or_else(|| corrupt("no entry"))?;

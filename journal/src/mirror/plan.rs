@@ -26,6 +26,8 @@ pub enum DivergeReason {
     Diverged,
     /// Beyond the annotation's head (the annotation was rolled back).
     Rollback,
+    /// Set aside by `journal reset` (a person started a new journal for the fleet).
+    Reset,
 }
 
 impl DivergeReason {
@@ -34,6 +36,7 @@ impl DivergeReason {
         match self {
             DivergeReason::Diverged => "Diverged",
             DivergeReason::Rollback => "Rollback",
+            DivergeReason::Reset => "Reset",
         }
     }
 }
