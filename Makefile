@@ -102,6 +102,7 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-testbed
 	$(CARGO) build -p celld-test-kubelet
 	$(CARGO) test -p celld-operator --test operator_e2e -- --test-threads=5
+	$(CARGO) test -p celld-operator --test journal_integrity -- --test-threads=4
 	$(CARGO) test -p celld-operator --test operator_sim
 
 test: check test-bed test-cluster

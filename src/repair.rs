@@ -203,7 +203,10 @@ mod tests {
         let mut text = export_of(2);
         text.push_str(&export_of(1).replace(UID, "5f0c9a6e-1b2c-4d3e-8f40-000000000002"));
         let err = parse_export(&text).unwrap_err();
-        assert!(err.contains("line 3") && err.contains("export one fleet"), "{err}");
+        assert!(
+            err.contains("line 3") && err.contains("export one fleet"),
+            "{err}"
+        );
         let err = parse_export("{nope").unwrap_err();
         assert!(err.contains("line 1"), "{err}");
         assert!(parse_export("\n").unwrap_err().contains("no entries"));

@@ -1,4 +1,4 @@
-//! The celld-operator operation journal (spec: `shared/spec/journal.md`).
+//! The celld-operator operation journal (reference: `docs/journal.md` in the repository).
 //!
 //! Every decision that changes a fleet's members is first written down as an entry in the fleet's
 //! journal, then carried out by one guarded write, then its outcome is written down. This crate

@@ -1,7 +1,8 @@
 //! Property tests: random operation scripts driven by a small simulated operator, with crashes
 //! injected between any two steps (the process's memory is dropped; the annotation, the mirror
 //! and the world stay as they were), lost responses and conflicts on the compare-and-swap,
-//! pauses, blocks with `retry`/`abandon` commands and passing deadlines. Replay must converge:
+//! pauses, blocks with `retry`/`abandon` commands, passing deadlines and hand edits of the
+//! workload's effect marker (found as a mismatch, then adopted). Replay must converge:
 //! every request is carried out exactly once, every effect is written to the world at most once
 //! and recorded exactly once, the chain verifies, the annotation never exceeds its budget, and
 //! compaction never drops an open operation.
@@ -50,6 +51,9 @@ struct Case {
     faults: BTreeMap<u64, Fault>,
     /// Reconciles during which the fleet is paused.
     pauses: BTreeSet<u32>,
+    /// Reconciles before which a person removes the workload's effect marker by hand (while
+    /// no operation is open); a later reconcile finds the mismatch, and the person adopts.
+    hand_edits: BTreeSet<u32>,
 }
 
 fn req_strategy() -> impl Strategy<Value = Req> {
@@ -89,12 +93,14 @@ fn case_strategy() -> impl Strategy<Value = Case> {
             0..15,
         ),
         prop::collection::btree_set(0u32..200, 0..10),
+        prop::collection::btree_set(0u32..300, 0..6),
     )
-        .prop_map(|(requests, crashes, faults, pauses)| Case {
+        .prop_map(|(requests, crashes, faults, pauses, hand_edits)| Case {
             requests,
             crashes,
             faults,
             pauses,
+            hand_edits,
         })
 }
 
@@ -147,6 +153,8 @@ struct World {
     fulfilled: Vec<usize>,
     /// `celld.eric.dev/journal-command`, and the minute a person gets round to setting it.
     command: Option<(String, i64)>,
+    /// The marker was removed by hand and not yet adopted.
+    edited: bool,
 }
 
 impl World {
@@ -185,6 +193,7 @@ struct Harness {
     blocked_requests: BTreeSet<usize>,
     compactions: usize,
     crashes: usize,
+    adoptions: usize,
 }
 
 impl Harness {
@@ -205,6 +214,7 @@ impl Harness {
             blocked_requests: BTreeSet::new(),
             compactions: 0,
             crashes: 0,
+            adoptions: 0,
         }
     }
 
@@ -311,21 +321,47 @@ impl Harness {
             }
             self.world.command = None;
         }
-        // The world shows a workload effect the journal does not hold (it landed, then the
-        // operation was abandoned on restart before recording it).
+        // A person removes the marker by hand while nothing is open.
         let journal = &p.cached.as_ref().unwrap().0;
-        if let Some(marker) = self.world.marker.clone() {
-            let held = journal.predecessor_effect().as_ref() == Some(&marker)
-                || journal
-                    .fold()
-                    .operation(marker.op)
-                    .is_some_and(|o| o.is_open() || o.has_effect(&marker.step));
-            if !held {
-                let body = EntryBody::Recovered(Recovered {
-                    effect: marker.clone(),
-                    source: "workload-marker".into(),
-                });
-                return self.append(p, marker.op, body);
+        if self.case.hand_edits.contains(&self.reconciles)
+            && journal.fold().current().is_none()
+            && self.world.marker.is_some()
+        {
+            self.world.marker = None;
+            self.world.edited = true;
+        }
+        // The world's marker against the journal (Journal::check_marker), unless it is the
+        // open operation's own (its step records it as replayed): an effect that landed but
+        // was never recorded (the operation was abandoned on restart before recording it) is
+        // recorded as Recovered; a mismatch blocks — nothing is planned or written — until the
+        // person adopts (sets the marker to the journal's last effect).
+        let journal = &p.cached.as_ref().unwrap().0;
+        let own_open = self
+            .world
+            .marker
+            .as_ref()
+            .is_some_and(|m| journal.fold().operation(m.op).is_some_and(|o| o.is_open()));
+        if !own_open {
+            let live = self.world.marker.as_ref().map(ToString::to_string);
+            match journal.check_marker(live.as_deref()) {
+                MarkerCheck::Expected => self.world.edited = false,
+                MarkerCheck::Unrecorded(marker) => {
+                    let body = EntryBody::Recovered(Recovered {
+                        effect: marker.clone(),
+                        source: "workload-marker".into(),
+                    });
+                    return self.append(p, marker.op, body);
+                }
+                MarkerCheck::Mismatch { expected, why, .. } => {
+                    assert!(
+                        self.world.edited,
+                        "the journal cannot explain a marker only it wrote ({live:?}): {why}"
+                    );
+                    self.world.marker = expected;
+                    self.world.edited = false;
+                    self.adoptions += 1;
+                    return Err(Stop::Idle);
+                }
             }
         }
         // Deadlines.
@@ -583,6 +619,7 @@ impl Harness {
         }
         *stats.entry("crashes".into()).or_default() += self.crashes;
         *stats.entry("compactions".into()).or_default() += self.compactions;
+        *stats.entry("marker mismatches adopted".into()).or_default() += self.adoptions;
         *stats.entry("store faults".into()).or_default() += self
             .case
             .faults
@@ -649,6 +686,8 @@ fn replay_after_any_crash_converges_to_each_effect_exactly_once() {
     for key in [
         "crashes",
         "compactions",
+        "marker mismatches adopted",
+        "Recovered",
         "store faults",
         "Issued (replayed)",
         "Canceled/CanceledBeforeIssue",
@@ -684,6 +723,7 @@ fn a_restored_older_annotation_is_recovered_from_the_world_without_reissuing() {
         crashes: BTreeSet::new(),
         faults: BTreeMap::new(),
         pauses: BTreeSet::new(),
+        hand_edits: BTreeSet::new(),
     };
     let mut h = Harness::new(case);
     h.run();

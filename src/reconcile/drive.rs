@@ -431,6 +431,20 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
                 "The workload appeared before it was created; planning again".into(),
             ));
         }
+        if let Err(why) = new_members_claims_ok(run, op).await? {
+            run.append(
+                op.id,
+                EntryBody::Canceled(Canceled {
+                    reason: CancelReason::PredecessorChanged,
+                }),
+            )
+            .await?;
+            integrity::note_canceled(run, fingerprint_of(op));
+            return Ok(Report::provisioning(format!(
+                "{} {} canceled before issue: {why}; planning again",
+                op.kind, op.id
+            )));
+        }
         let want = rendered(run, op.intent.to, op.intent.token.as_deref());
         run.before_effect();
         let created = match workload::create(&client, &run.ns, want, &marker).await {
@@ -491,7 +505,10 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             w.replicas(),
             op.intent.from
         )),
-        Some(_) => victim_unchanged(run, op).await?,
+        Some(_) => match victim_unchanged(run, op).await? {
+            Ok(()) => new_members_claims_ok(run, op).await?,
+            Err(why) => Err(why),
+        },
     };
     let guard = match (guard, live) {
         (Ok(()), Some(w)) => Ok(w),
@@ -570,6 +587,37 @@ fn issued(
         result_resource_version: result,
         replayed,
     })
+}
+
+/// Growth (and Provision) of a PersistentFleet attaches whatever claim exists at each new
+/// member's name: re-read them just before the write, as the planner did when it decided
+/// (a foreign claim created between the Intent and a crash must never be attached).
+async fn new_members_claims_ok(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
+    let growth = matches!(op.kind, OperationKind::Provision | OperationKind::Scale)
+        && op.intent.to > op.intent.from;
+    if !growth || run.fleet.spec.profile != Profile::PersistentFleet {
+        return Ok(Ok(()));
+    }
+    let claims = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
+    for i in op.intent.from.max(0)..op.intent.to {
+        let name = claim_name(&run.name, i);
+        let Some(claim) = claims
+            .get_opt(&name)
+            .await
+            .ctx(|| format!("reading claim {name}"))?
+        else {
+            continue;
+        };
+        if claim.labels().get(FLEET_UID_LABEL).map(String::as_str) != Some(run.uid.as_str()) {
+            return Ok(Err(format!(
+                "claim {name} exists without this fleet's UID label"
+            )));
+        }
+        if claim.meta().deletion_timestamp.is_some() {
+            return Ok(Err(format!("claim {name} is being deleted")));
+        }
+    }
+    Ok(Ok(()))
 }
 
 /// A contraction's recorded victim must still be the same Pod (fresh read).

@@ -494,7 +494,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
             .ctx(|| "reading the workload".into())?;
         (live, run.pods().await?)
     };
-    let status = status::write(
+    let (status, persisted) = status::write(
         &run.api,
         &run.fleet,
         (!run.journal_unusable).then_some(&run.journal),
@@ -504,7 +504,11 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         &report,
     )
     .await?;
-    integrity::announce_blocked(&run, &old_status, &report).await;
+    if persisted {
+        // Announced only once the Blocked condition it reports is stored: a status write
+        // that lost a race is redone (and announced) by the next reconcile, never twice.
+        integrity::announce_blocked(&run, &old_status, &report).await;
+    }
     record_metrics(&run, &status);
     run.self_fence_events(&pods).await;
     Ok(

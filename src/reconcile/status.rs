@@ -110,7 +110,8 @@ fn condition(
 }
 
 /// Computes the status and writes it when it changed (merge patch carrying the fleet's
-/// resourceVersion; a conflict just means the next reconcile writes it). `journal: None`
+/// resourceVersion; a conflict just means the next reconcile writes it). Returns the status
+/// and whether it is what the fleet now holds (false after a conflict). `journal: None`
 /// means the journal cannot be used (damaged or missing): its projection keeps the last
 /// known values (current and recent operations, `lastRestartToken`, journal figures, the
 /// stall and size conditions), so nothing reading status (kubectl, dashboards) sees them
@@ -123,7 +124,7 @@ pub async fn write(
     pods: &[Pod],
     live: Option<&LiveWorkload>,
     report: &Report,
-) -> Result<CelldFleetStatus, Error> {
+) -> Result<(CelldFleetStatus, bool), Error> {
     let old = fleet.status.clone().unwrap_or_default();
     let generation = fleet.metadata.generation;
     let uid = fleet.uid().unwrap_or_default();
@@ -330,7 +331,7 @@ pub async fn write(
     };
     st.conditions = conditions;
     if st == old {
-        return Ok(st);
+        return Ok((st, true));
     }
     // A merge patch only removes keys it names as null: clear what the projection dropped.
     let mut status = serde_json::to_value(&st).unwrap_or_default();
@@ -351,8 +352,8 @@ pub async fn write(
         )
         .await
     {
-        Ok(_) => Ok(st),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(st),
+        Ok(_) => Ok((st, true)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((st, false)),
         Err(e) => Err(e).ctx(|| "writing status".into()),
     }
 }

@@ -1,0 +1,299 @@
+//! Helpers shared by the operator's real-cluster suites (`operator_e2e`, `journal_integrity`):
+//! the test kubelet, the operator process, fleets, polling, cleanup with journal verification.
+//! Each suite is its own test binary, so each has its own copy of the statics below.
+#![allow(dead_code)]
+
+use celld_harness::operator::{OperatorOptions, OperatorProcess};
+use celld_harness::{cluster, Cluster, TestNamespace};
+use celld_operator::api::CelldFleet;
+use celld_test_kubelet::launcher::{Options, TestKubelet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::{LazyLock, OnceLock};
+use std::time::{Duration, Instant};
+
+pub const IMAGE_REPO: &str = "celld.test/noprocess";
+pub static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+pub static KUBELET: OnceLock<TestKubelet> = OnceLock::new();
+
+pub fn image(n: u8) -> String {
+    format!(
+        "{IMAGE_REPO}@sha256:{}",
+        format!("{n:x}")
+            .repeat(64)
+            .chars()
+            .take(64)
+            .collect::<String>()
+    )
+}
+
+/// Where the operator under test serves /metrics.
+pub fn metrics_addr() -> String {
+    static ADDR: LazyLock<String> = LazyLock::new(free_loopback_addr);
+    ADDR.clone()
+}
+
+/// A loopback address the kernel reports free right now (the operator refuses to start when
+/// its address is taken, so a fixed port derived from the pid could collide with a
+/// connection's ephemeral port).
+pub fn free_loopback_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    probe.local_addr().expect("local address").to_string()
+}
+
+/// GET /metrics from the operator under test (plain HTTP/1.1 over loopback).
+pub async fn scrape() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(metrics_addr())
+        .await
+        .expect("metrics endpoint");
+    sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+pub fn work_dir() -> PathBuf {
+    cluster()
+        .work_dir
+        .join(format!("operator-e2e-{}", std::process::id()))
+}
+
+pub fn kubelet() -> &'static TestKubelet {
+    KUBELET.get_or_init(|| {
+        let c = cluster();
+        let binary = celld_test_kubelet::launcher::default_binary()
+            .expect("build it: cargo build -p celld-test-kubelet");
+        let mut opts = Options::new(
+            binary,
+            c.work_dir.join("test-kubelet.kubeconfig"),
+            work_dir().join("kubelet"),
+        );
+        opts.node_prefix = format!("e2e{}", std::process::id() % 10000);
+        opts.nodes = 6;
+        opts.pod_ip_range = "127.50.0.0/16".into();
+        TestKubelet::start(&opts).expect("test kubelet starts")
+    })
+}
+
+/// The operator under test (see `celld_harness::operator`).
+pub struct Operator;
+
+impl Operator {
+    pub fn start(fault_point: Option<&str>) -> OperatorProcess {
+        Self::start_as(fault_point, &cluster().admin_kubeconfig, "celld-e2e")
+    }
+
+    /// Starts the operator with `kubeconfig` (e.g. one impersonating the chart's ServiceAccount).
+    pub fn start_as(
+        fault_point: Option<&str>,
+        kubeconfig: &std::path::Path,
+        operator_ns: &str,
+    ) -> OperatorProcess {
+        OperatorProcess::start(&Self::options(
+            fault_point,
+            kubeconfig,
+            operator_ns,
+            "celld-operator-e2e",
+        ))
+    }
+
+    pub fn options(
+        fault_point: Option<&str>,
+        kubeconfig: &std::path::Path,
+        operator_ns: &str,
+        identity: &str,
+    ) -> OperatorOptions {
+        OperatorOptions {
+            binary: env!("CARGO_BIN_EXE_celld-operator").into(),
+            kubeconfig: kubeconfig.into(),
+            operator_namespace: operator_ns.into(),
+            identity: identity.into(),
+            work_dir: work_dir(),
+            metrics_addr: Some(metrics_addr()),
+            fault_point: fault_point.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// The usual replica with `tweak` applied to its options (extra flags, no attestation).
+    pub fn start_with(tweak: impl FnOnce(&mut OperatorOptions)) -> OperatorProcess {
+        let mut opts = Self::options(
+            None,
+            &cluster().admin_kubeconfig,
+            "celld-e2e",
+            "celld-operator-e2e",
+        );
+        tweak(&mut opts);
+        OperatorProcess::start(&opts)
+    }
+}
+
+/// Deletes a test namespace and waits until it is gone, while the operator still runs,
+/// so no fleet of this test is left for a later test's operator (failpoints count every
+/// fleet's boundaries).
+///
+/// First, every fleet's journal in the namespace must verify (`celld-operator journal verify`,
+/// behavior.md §18 scenario 30).
+pub async fn cleanup(client: &Client, ns: TestNamespace) {
+    let fleets = Api::<CelldFleet>::namespaced(client.clone(), &ns.name)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for f in fleets.items {
+        verify_journal(&ns.name, &f.name_any(), None);
+    }
+    ns.delete_and_wait().await.unwrap();
+}
+
+/// `celld-operator journal verify NS/FLEET` passes; with `mirror`, also against the local
+/// mirror (`--source both`; the operator owning that mirror must be stopped).
+pub fn verify_journal(ns: &str, name: &str, mirror: Option<&std::path::Path>) {
+    celld_harness::operator::verify_journal(
+        env!("CARGO_BIN_EXE_celld-operator").as_ref(),
+        &cluster().admin_kubeconfig,
+        ns,
+        name,
+        mirror,
+    );
+}
+
+pub async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
+    let c = cluster();
+    kubelet();
+    let client = c.admin_client().await.unwrap();
+    let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    c.kubectl(&[
+        "create",
+        "namespace",
+        "celld-e2e",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .unwrap();
+    let _ = c.kubectl(&["create", "namespace", "celld-e2e"]);
+    let sc = celld_harness::repo_root().join("config/test-storageclass.yaml");
+    c.kubectl(&["apply", "-f", sc.to_str().unwrap()]).unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    (c, client, ns)
+}
+
+pub fn fleet(name: &str, profile: &str, replicas: i32, bucket: &str) -> CelldFleet {
+    let mut v = json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+        "metadata": {"name": name},
+        "spec": {"profile": profile, "runtimeImage": image(1), "replicas": replicas, "serviceAccountName": "celld",
+                 "storage": {"bucket": bucket, "region": "us-east-1", "sizeGiB": 1},
+                 "placement": {"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3}}
+    });
+    if profile == "PersistentFleet" {
+        v["spec"]["storage"]["storageClassName"] = json!("celld-test-hostpath");
+    }
+    serde_json::from_value(v).unwrap()
+}
+
+pub fn unique_bucket(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+/// Polls until `check` returns Some, or fails with the fleet's conditions.
+pub async fn until<T, F, Fut>(
+    what: &str,
+    secs: u64,
+    api: &Api<CelldFleet>,
+    name: &str,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() > deadline {
+            let f = api.get(name).await.ok();
+            let conditions = f
+                .and_then(|f| f.status)
+                .map(|s| {
+                    s.conditions
+                        .iter()
+                        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}; conditions: {conditions:#?}\noperator log: {}",
+                work_dir().join("*/operator.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Creates `f` and waits until it has `n` ready members.
+pub async fn create_ready(api: &Api<CelldFleet>, f: &CelldFleet, n: i32) {
+    api.create(&PostParams::default(), f).await.unwrap();
+    ready(api, &f.name_any(), n).await;
+}
+
+pub async fn ready(api: &Api<CelldFleet>, name: &str, n: i32) {
+    until(
+        &format!("{name} to have {n} ready members"),
+        120,
+        api,
+        name,
+        || async {
+            let f = api.get(name).await.ok()?;
+            let s = f.status?;
+            let settled = s.current_operation.is_none()
+                && s.ready_replicas == Some(n)
+                && s.applied_replicas == Some(n);
+            settled.then_some(())
+        },
+    )
+    .await
+}
+
+pub async fn reason(api: &Api<CelldFleet>, name: &str, want: &str) -> String {
+    until(
+        &format!("{name} to report {want}"),
+        60,
+        api,
+        name,
+        || async {
+            let f = api.get(name).await.ok()?;
+            let c = f
+                .status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Blocked")?;
+            (c.reason == want).then_some(c.message)
+        },
+    )
+    .await
+}
+
+pub async fn claim_uid(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .unwrap()
+        .and_then(|c| c.uid())
+}
