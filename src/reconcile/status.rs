@@ -163,6 +163,7 @@ pub async fn write(
 
     let mut stalled = None;
     let mut size_warning = None;
+    let mut time_warning = None;
     if let Some(j) = journal {
         let p = j.projection(budget);
         st.current_operation = p.current_operation.as_ref().map(|c| api::CurrentOperation {
@@ -222,6 +223,18 @@ pub async fn write(
                 p.size.bytes, p.size.budget
             ));
         }
+        // A writer's clock was wrong: deadlines and audits that read `at` may be misled.
+        let times = journal::audit::time_warnings(j.entries(), Utc::now());
+        if let Some(first) = times.first() {
+            time_warning = Some(format!(
+                "{first}{}; check the clocks of the operator's nodes (`kubectl celld journal verify` lists every entry)",
+                if times.len() > 1 {
+                    format!(" (and {} more)", times.len() - 1)
+                } else {
+                    String::new()
+                }
+            ));
+        }
     }
 
     if journal.is_none() {
@@ -237,6 +250,7 @@ pub async fn write(
         };
         stalled = kept("OperationStalled");
         size_warning = kept("JournalSizeWarning");
+        time_warning = kept("JournalTimeWarning");
     }
     let (infra, progressing, blocked) = match report.class {
         Class::Done => (true, false, false),
@@ -304,6 +318,22 @@ pub async fn write(
                 "JournalSizeWarning",
                 false,
                 "JournalWithinBudget",
+                "",
+                generation,
+            ),
+        },
+        match &time_warning {
+            Some(msg) => condition(
+                "JournalTimeWarning",
+                true,
+                "EntryTimesInconsistent",
+                msg,
+                generation,
+            ),
+            None => condition(
+                "JournalTimeWarning",
+                false,
+                "EntryTimesConsistent",
                 "",
                 generation,
             ),
