@@ -7,11 +7,16 @@
 #   integration/demo.sh up | down
 #
 # Everything binds 127.x only. State and logs: .work/demo/ (logs in .work/demo/logs).
+#
+# The demo has a control plane of its own (.work/demo-cluster, ports from 15400; override with
+# CELLD_DEMO_CLUSTER_DIR and CELLD_DEMO_PORT_BASE), so `make test`, whose suites use
+# .work/cluster on ports from 16400, never shares an API server with the demo's operator.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 work=$repo/.work/demo
-cluster=${CELLD_CLUSTER_DIR:-$repo/.work/cluster}
+cluster=${CELLD_DEMO_CLUSTER_DIR:-$repo/.work/demo-cluster}
+export CELLD_PORT_BASE=${CELLD_DEMO_PORT_BASE:-15400}
 mkdir -p "$work"/{logs,run,store}
 log() { echo "[demo $(date +%H:%M:%S)] $*" >&2; }
 alive() { [ -f "$work/run/$1.pid" ] && kill -0 "$(cat "$work/run/$1.pid")" 2>/dev/null; }
@@ -21,7 +26,12 @@ stop_all() {
     rm -f "$work/run/$name.pid"
   done
 }
-if [ "${1:-up}" = down ]; then stop_all; exit 0; fi
+if [ "${1:-up}" = down ]; then
+  stop_all
+  "$repo/integration/cluster/down.sh" "$cluster" >/dev/null 2>&1 || true
+  log "stopped the demo's operator, test bed and control plane"
+  exit 0
+fi
 
 bin=$("$repo/integration/cluster/build.sh" | tail -n 1)
 "$repo/integration/cluster/up.sh" "$cluster" >/dev/null
@@ -85,5 +95,5 @@ The demo keeps running. Try:
   $bin/kubectl -n celld-demo get celldfleets,pods,pvc
   $target/celld-operator journal verify celld-demo/beta
 Logs: $work/logs (operator, kubelet, proxy, s3s) and member logs under $work/kubelet/pods.
-Stop: make demo-down (test bed and operator) and make cluster-down (control plane).
+Stop: make demo-down (operator, test bed and the demo's own control plane).
 TXT
