@@ -574,3 +574,59 @@ async fn a_resumed_growth_rechecks_the_claims_it_would_attach() {
     ready(&api, "mu", 2).await;
     cleanup(&client, ns).await;
 }
+
+/// After its write, an operation's marker changed under it (a hand edit): the operation is
+/// `Blocked` (`OperationBlocked`, the blocker names both markers), never driven on a guess;
+/// `abandon` frees the fleet, which then reports `EffectMarkerMismatch` until `adopt`.
+#[tokio::test]
+async fn a_marker_changed_after_issue_blocks_the_operation() {
+    let _serial = SERIAL.lock().await;
+    let (_c, client, ns) = setup("moved-marker").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    create_ready(&api, &small_fleet("nu", "Bucket", 1), 1).await;
+    // An image the kubelet cannot pull: the Upgrade is issued and waits for its rollout.
+    let missing = format!("celld.test/missing@sha256:{}", "e".repeat(64));
+    api.patch(
+        "nu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": missing}})),
+    )
+    .await
+    .unwrap();
+    let op_id = until("the Upgrade to be issued", 60, &api, "nu", || async {
+        let cur = api.get("nu").await.ok()?.status?.current_operation?;
+        (format!("{:?}", cur.kind) == "Upgrade" && format!("{:?}", cur.phase) == "Issued")
+            .then_some(cur.id)
+    })
+    .await;
+    set_marker(&client, &ns.name, "nu", json!("edited-by-hand")).await;
+    let message = reason(&api, "nu", "OperationBlocked").await;
+    assert!(message.contains(&op_id), "{message}");
+    let blocker = api
+        .get("nu")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .current_operation
+        .unwrap()
+        .blocker
+        .unwrap_or_default();
+    assert!(
+        blocker.contains("edited-by-hand") && blocker.contains(&format!("{op_id}/template")),
+        "{blocker}"
+    );
+    cli_ok(&["journal", "abandon", &format!("{}/nu", ns.name), &op_id]);
+    reason(&api, "nu", "EffectMarkerMismatch").await;
+    cli_ok(&["journal", "adopt", &format!("{}/nu", ns.name)]);
+    api.patch(
+        "nu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runtimeImage": image(1)}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "nu", 1).await;
+    cleanup(&client, ns).await;
+}

@@ -249,6 +249,19 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
         return issue(run, &op).await;
     }
     if !op.observed {
+        if let Some(why) = marker_moved_after_issue(run, &op).await? {
+            // Another writer changed the workload after this operation's write: going on
+            // would mean guessing whose change the rollout shows (behavior.md §3.4).
+            run.append(op.id, EntryBody::Blocked(journal::Blocked { blocker: why }))
+                .await?;
+            return Ok(Report::blocked_infra_ready(
+                "OperationBlocked",
+                format!(
+                    "{} {} is blocked at {}: the workload changed after its write. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
+                    op.kind, op.id, step_of(op.kind), run.ns, run.name, op.id
+                ),
+            ));
+        }
         match target_reached(run, &op).await? {
             Ok(()) => {
                 run.append(
@@ -379,6 +392,33 @@ pub(crate) async fn record_replayed(run: &mut Run<'_>, op: &OpenOp) -> Result<()
     run.append(op.id, issued(step, effect, rv.clone(), rv, true))
         .await?;
     Ok(())
+}
+
+/// After this operation's write, the workload must still carry its marker: `Some(why)` when
+/// it carries another (a hand edit, a restore, another writer). Not for deletions.
+async fn marker_moved_after_issue(run: &Run<'_>, op: &OpenOp) -> Result<Option<String>, Error> {
+    if op.kind == OperationKind::Delete || !op.issued {
+        return Ok(None);
+    }
+    let own = Effect::new(op.id, step_of(op.kind)).to_string();
+    let live = workload::get(
+        &run.ctx.client,
+        &run.ns,
+        &run.name,
+        uses_statefulset(&run.fleet.spec),
+    )
+    .await
+    .ctx(|| "reading the workload".into())?;
+    Ok(live.and_then(|w| {
+        let found = w.marker().map(str::to_owned);
+        (found.as_deref() != Some(own.as_str())).then(|| {
+            format!(
+                "the workload's effect marker is {}, expected {own} (written by this operation); \
+                 it was changed after the write by a hand edit, a restore or another writer",
+                found.as_deref().unwrap_or("(none)")
+            )
+        })
+    }))
 }
 
 /// Whether the workload carries this operation's own effect marker.
