@@ -60,7 +60,7 @@ start kubelet "$target/celld-test-kubelet" --kubeconfig "$cluster/test-kubelet.k
   --store-ip 127.0.0.2 --pod-ip-range 127.40.0.0/16 --backoff-initial-ms 1000
 k create namespace celld-system --dry-run=client -o yaml | k apply -f - >/dev/null
 start operator env RUST_LOG=info "$target/celld-operator" run --local-test --network-policy-enforced \
-  --operator-namespace celld-system --journal-dir "$work/journal" --health-bind-address 127.0.0.1:16482 --log-format plain
+  --operator-namespace celld-system --watch-namespaces celld-demo --journal-dir "$work/journal" --health-bind-address 127.0.0.1:16482 --log-format plain
 for _ in $(seq 1 50); do curl -fs http://127.0.0.1:16482/readyz >/dev/null && break; sleep 0.2; done
 
 log "applying the sample fleets into namespace celld-demo"

@@ -85,6 +85,10 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
+    /// Comma-separated namespaces whose fleets this installation lists, watches and reconciles
+    /// (default: all); fleets elsewhere are untouched. The chart sets it from fleetNamespaces.
+    #[arg(long, value_delimiter = ',', value_name = "NS,...")]
+    pub watch_namespaces: Vec<String>,
 }
 
 /// The failpoints of journal.md.
@@ -180,6 +184,24 @@ impl RunArgs {
         }
         if self.operation_deadline.is_some() && !self.local_test {
             return Err("--operation-deadline needs --local-test".into());
+        }
+        for ns in &self.watch_namespaces {
+            let label = !ns.is_empty()
+                && ns.len() <= 63
+                && ns
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !ns.starts_with('-')
+                && !ns.ends_with('-');
+            if !label {
+                return Err(format!(
+                    "--watch-namespaces: {ns:?} is not a namespace name (lowercase letters, digits and '-', at most 63)"
+                ));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(dup) = self.watch_namespaces.iter().find(|ns| !seen.insert(*ns)) {
+            return Err(format!("--watch-namespaces names {dup} twice"));
         }
         Ok(())
     }
@@ -382,6 +404,31 @@ mod tests {
             "a shortened deadline without --local-test is refused"
         );
         assert!(parse(&["run", "--fault-point=before-intent:0"]).is_err());
+    }
+
+    #[test]
+    fn watch_namespaces_are_a_list_of_namespace_names() {
+        let Command::Run(run) = parse(&["run", "--watch-namespaces=fleets-a,fleets-b"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(run.watch_namespaces, ["fleets-a", "fleets-b"]);
+        run.check().unwrap();
+        let Command::Run(all) = parse(&["run"]).unwrap().command else {
+            panic!("expected run")
+        };
+        assert!(all.watch_namespaces.is_empty(), "default: every namespace");
+        for bad in ["Fleets", "a,,b", "-x", "a,a"] {
+            let Command::Run(run) = parse(&["run", &format!("--watch-namespaces={bad}")])
+                .unwrap()
+                .command
+            else {
+                panic!("expected run")
+            };
+            assert!(run.check().is_err(), "{bad} is refused");
+        }
     }
 
     #[test]

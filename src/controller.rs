@@ -88,15 +88,16 @@ where
 /// fleet's annotation before driving anything. Missing entries are backfilled; a mirror that
 /// disagrees or is ahead keeps its entries under `diverged` and a Warning Event
 /// (`JournalDiverged`, `JournalRollback`) says so. The annotation stays the authority.
-async fn replay_mirror(ctx: &Ctx) -> anyhow::Result<()> {
+async fn replay_mirror(ctx: &Ctx, apis: &[Api<CelldFleet>]) -> anyhow::Result<()> {
     use kube::runtime::events::{Event, EventType};
     let Some(mirror) = &ctx.mirror else {
         return Ok(());
     };
-    let fleets = Api::<CelldFleet>::all(ctx.client.clone())
-        .list(&Default::default())
-        .await?;
-    for fleet in fleets.items {
+    let mut fleets = Vec::new();
+    for api in apis {
+        fleets.extend(api.list(&Default::default()).await?.items);
+    }
+    for fleet in fleets {
         let Some(text) = fleet
             .annotations()
             .get(crate::api::keys::JOURNAL_ANNOTATION)
@@ -174,6 +175,79 @@ fn jitter(uid: &str) -> Duration {
         h = h.wrapping_mul(0x0100_0193);
     }
     Duration::from_millis(u64::from(h % 2000))
+}
+
+/// One reconcile of one fleet, as the controller calls it: lease check, metrics, requeue.
+async fn reconcile_fleet(
+    fleet: Arc<CelldFleet>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, reconcile::Error> {
+    let ns = fleet.namespace().unwrap_or_default();
+    let name = fleet.name_any();
+    let span = tracing::info_span!("reconcile", fleet = %format!("{ns}/{name}"));
+    let _enter = span.enter();
+    ctx.check_lease();
+    let started = std::time::Instant::now();
+    let result = reconcile::reconcile(&ns, &name, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    if let Err(e) = &result {
+        ctx.metrics
+            .reconcile_errors
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: e.category().into(),
+            })
+            .inc();
+    }
+    let next = result?;
+    error_streak(&ctx, &format!("{ns}/{name}"), false);
+    let jitter = jitter(&fleet.uid().unwrap_or_default());
+    Ok(match next {
+        Next::Soon => Action::requeue(reconcile::SOON),
+        Next::Blocked => Action::requeue(reconcile::BLOCKED + jitter),
+        Next::Later => Action::requeue(reconcile::LATER + jitter),
+    })
+}
+
+fn error_policy(fleet: Arc<CelldFleet>, error: &reconcile::Error, ctx: Arc<Ctx>) -> Action {
+    let key = format!(
+        "{}/{}",
+        fleet.namespace().unwrap_or_default(),
+        fleet.name_any()
+    );
+    let delay = error_backoff(error_streak(&ctx, &key, true));
+    tracing::warn!(fleet = %key, category = error.category(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+type Trigger = futures::stream::BoxStream<'static, kube::runtime::reflector::ObjectRef<CelldFleet>>;
+
+/// Splits the watches' fleet triggers by namespace, one stream per controller (in the order
+/// of `namespaces`; a single stream when they are empty, i.e. cluster-wide). A trigger for a
+/// namespace no controller watches is dropped.
+fn route_triggers(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<CelldFleet>>,
+    namespaces: &[String],
+) -> Vec<Trigger> {
+    if namespaces.is_empty() {
+        return vec![futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()];
+    }
+    let mut senders = std::collections::HashMap::new();
+    let mut streams = Vec::new();
+    for ns in namespaces {
+        let (tx, mut out) = tokio::sync::mpsc::unbounded_channel();
+        senders.insert(ns.clone(), tx);
+        streams.push(futures::stream::poll_fn(move |cx| out.poll_recv(cx)).boxed());
+    }
+    tokio::spawn(async move {
+        while let Some(fleet) = rx.recv().await {
+            if let Some(tx) = fleet.namespace.as_ref().and_then(|ns| senders.get(ns)) {
+                let _ = tx.send(fleet);
+            }
+        }
+    });
+    streams
 }
 
 /// Runs the controller until SIGTERM/SIGINT or a lost Lease.
@@ -275,8 +349,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("journal mirror {}: {e}", args.journal_dir.display()))?;
-    let (pod_events_tx, mut pod_events_rx) = tokio::sync::mpsc::unbounded_channel();
-    let pod_events = futures::stream::poll_fn(move |cx| pod_events_rx.poll_recv(cx));
+    let (pod_events_tx, pod_events_rx) = tokio::sync::mpsc::unbounded_channel();
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         render: RenderSettings {
@@ -308,53 +381,35 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             },
         )),
     });
-    replay_mirror(&ctx).await?;
-    tracing::info!(identity, "leader: reconciling fleets");
+    // `--watch-namespaces`: one controller per namespace, each listing and watching fleets
+    // only there (a namespaced installation never lists fleets elsewhere); otherwise one
+    // cluster-wide controller.
+    let apis: Vec<Api<CelldFleet>> = if args.watch_namespaces.is_empty() {
+        vec![Api::all(client.clone())]
+    } else {
+        args.watch_namespaces
+            .iter()
+            .map(|ns| Api::namespaced(client.clone(), ns))
+            .collect()
+    };
+    replay_mirror(&ctx, &apis).await?;
+    tracing::info!(identity, namespaces = ?args.watch_namespaces, "leader: reconciling fleets");
     metrics.leader.set(1);
     ready.store(true, Ordering::SeqCst);
     let client_for_release = client.clone();
-    let fleets: Api<CelldFleet> = Api::all(client);
-    let controller = Controller::new(fleets, watcher::Config::default())
-        .with_config(kube::runtime::controller::Config::default().concurrency(4))
-        .reconcile_on(pod_events)
-        .graceful_shutdown_on({
-            let stop = stop.clone();
-            async move { stop.notified().await }
-        })
-        .run(
-            |fleet: Arc<CelldFleet>, ctx: Arc<Ctx>| async move {
-                let ns = fleet.namespace().unwrap_or_default();
-                let name = fleet.name_any();
-                let span = tracing::info_span!("reconcile", fleet = %format!("{ns}/{name}"));
-                let _enter = span.enter();
-                ctx.check_lease();
-                let started = std::time::Instant::now();
-                let result = reconcile::reconcile(&ns, &name, &ctx).await;
-                ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
-                if let Err(e) = &result {
-                    ctx.metrics
-                        .reconcile_errors
-                        .get_or_create(&crate::metrics::ReasonLabels { reason: e.category().into() })
-                        .inc();
-                }
-                let next = result?;
-                error_streak(&ctx, &format!("{ns}/{name}"), false);
-                let jitter = jitter(&fleet.uid().unwrap_or_default());
-                Ok::<_, reconcile::Error>(match next {
-                    Next::Soon => Action::requeue(reconcile::SOON),
-                    Next::Blocked => Action::requeue(reconcile::BLOCKED + jitter),
-                    Next::Later => Action::requeue(reconcile::LATER + jitter),
-                })
-            },
-            |fleet: Arc<CelldFleet>, error: &reconcile::Error, ctx: Arc<Ctx>| {
-                let key = format!("{}/{}", fleet.namespace().unwrap_or_default(), fleet.name_any());
-                let delay = error_backoff(error_streak(&ctx, &key, true));
-                tracing::warn!(fleet = %key, category = error.category(), error = %error, retry_in = ?delay, "reconcile failed");
-                Action::requeue(delay)
-            },
-            ctx,
-        )
-        .for_each(|_| async {});
+    let triggers = route_triggers(pod_events_rx, &args.watch_namespaces);
+    let controllers = apis.into_iter().zip(triggers).map(|(fleets, trigger)| {
+        Controller::new(fleets, watcher::Config::default())
+            .with_config(kube::runtime::controller::Config::default().concurrency(4))
+            .reconcile_on(trigger)
+            .graceful_shutdown_on({
+                let stop = stop.clone();
+                async move { stop.notified().await }
+            })
+            .run(reconcile_fleet, error_policy, ctx.clone())
+            .boxed()
+    });
+    let controller = futures::stream::select_all(controllers).for_each(|_| async {});
     let bounded = async {
         stop.notified().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;

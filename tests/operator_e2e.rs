@@ -663,7 +663,14 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     std::fs::create_dir_all(work_dir()).unwrap();
     let kubeconfig = work_dir().join("chart-sa.kubeconfig");
     std::fs::write(&kubeconfig, serde_yaml::to_string(&kc).unwrap()).unwrap();
-    let _op = Operator::start_as(None, &kubeconfig, "celld-system");
+    // As the chart runs it: --watch-namespaces from fleetNamespaces. A fleet in a namespace
+    // it does not list is never read or touched.
+    let denied: Api<CelldFleet> = Api::namespaced(client.clone(), &other.name);
+    let iota = fleet("iota", "Bucket", 3, &unique_bucket("un"));
+    denied.create(&PostParams::default(), &iota).await.unwrap();
+    let mut opts = Operator::options(None, &kubeconfig, "celld-system", "celld-operator-e2e");
+    opts.extra_args = vec![format!("--watch-namespaces={}", ns.name)];
+    let op = OperatorProcess::start(&opts);
 
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let theta = fleet("theta", "PersistentFleet", 3, &unique_bucket("ch"));
@@ -712,10 +719,19 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     })
     .await;
 
-    // A namespace without the Role: NamespaceAccessDenied with what to do.
-    let denied: Api<CelldFleet> = Api::namespaced(client.clone(), &other.name);
-    let iota = fleet("iota", "Bucket", 3, &unique_bucket("un"));
-    denied.create(&PostParams::default(), &iota).await.unwrap();
+    // Through all of that, the fleet outside --watch-namespaces was left alone.
+    let untouched = denied.get("iota").await.unwrap();
+    assert!(untouched.status.is_none(), "{:?}", untouched.status);
+    assert!(untouched.finalizers().is_empty());
+    assert!(!untouched
+        .annotations()
+        .contains_key("celld.eric.dev/journal"));
+    assert_eq!(audit_writes(c, &other.name, "celldfleets", "iota", None), 1);
+
+    // Watching every namespace, a namespace without the Role: NamespaceAccessDenied with
+    // what to do.
+    drop(op);
+    let _op = Operator::start_as(None, &kubeconfig, "celld-system");
     let message = reason(&denied, "iota", "NamespaceAccessDenied").await;
     assert!(
         message.contains(&other.name) && message.contains("fleetNamespaces"),
