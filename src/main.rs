@@ -60,7 +60,8 @@ struct ClusterJournal {
     document: journal::Document,
 }
 
-async fn read_cluster(source: &JournalSource) -> anyhow::Result<ClusterJournal> {
+/// The fleet `source` names, read from the cluster (with its namespace and name).
+async fn read_fleet(source: &JournalSource) -> anyhow::Result<(String, String, CelldFleet)> {
     let Some(target) = &source.target else {
         anyhow::bail!("name the fleet as NAMESPACE/FLEET (or read a mirror with --mirror DIR)");
     };
@@ -69,6 +70,11 @@ async fn read_cluster(source: &JournalSource) -> anyhow::Result<ClusterJournal> 
     let fleet = Api::<CelldFleet>::namespaced(client, &ns)
         .get(&name)
         .await?;
+    Ok((ns, name, fleet))
+}
+
+async fn read_cluster(source: &JournalSource) -> anyhow::Result<ClusterJournal> {
+    let (ns, name, fleet) = read_fleet(source).await?;
     let uid = fleet.uid().unwrap_or_default();
     let document = match fleet.annotations().get(api::keys::JOURNAL_ANNOTATION) {
         Some(text) => journal::decode_document(text)
@@ -160,14 +166,7 @@ async fn journal(cmd: JournalCommand) -> anyhow::Result<ExitCode> {
 
 /// The fleet's UID and its journal annotation as stored (not decoded).
 async fn read_annotation(source: &JournalSource) -> anyhow::Result<(String, Option<String>)> {
-    let Some(target) = &source.target else {
-        anyhow::bail!("name the fleet as NAMESPACE/FLEET (or read a mirror with --mirror DIR)");
-    };
-    let (ns, name) = parse_target(target).map_err(anyhow::Error::msg)?;
-    let client = kube::Client::try_default().await?;
-    let fleet = Api::<CelldFleet>::namespaced(client, &ns)
-        .get(&name)
-        .await?;
+    let (_, _, fleet) = read_fleet(source).await?;
     Ok((
         fleet.uid().unwrap_or_default(),
         fleet

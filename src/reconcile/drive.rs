@@ -472,18 +472,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             ));
         }
         if let Err(why) = new_members_claims_ok(run, op).await? {
-            run.append(
-                op.id,
-                EntryBody::Canceled(Canceled {
-                    reason: CancelReason::PredecessorChanged,
-                }),
-            )
-            .await?;
-            integrity::note_canceled(run, fingerprint_of(op));
-            return Ok(Report::provisioning(format!(
-                "{} {} canceled before issue: {why}; planning again",
-                op.kind, op.id
-            )));
+            return cancel_predecessor_changed(run, op, &why).await;
         }
         let want = rendered(run, op.intent.to, op.intent.token.as_deref());
         run.before_effect();
@@ -558,18 +547,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let mut live = match guard {
         Ok(w) => w,
         Err(why) => {
-            run.append(
-                op.id,
-                EntryBody::Canceled(Canceled {
-                    reason: CancelReason::PredecessorChanged,
-                }),
-            )
-            .await?;
-            integrity::note_canceled(run, fingerprint_of(op));
-            return Ok(Report::provisioning(format!(
-                "{} {} canceled before issue: {why}; planning again",
-                op.kind, op.id
-            )));
+            return cancel_predecessor_changed(run, op, &why).await;
         }
     };
     let decided_on = live.meta().resource_version.clone();
@@ -601,6 +579,27 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     )
     .await?;
     Ok(progress(op, "effect issued"))
+}
+
+/// The first step's guard failed while nothing was issued: `Canceled{PredecessorChanged}`,
+/// counted, and the same request's re-planning paced (integrity.rs).
+async fn cancel_predecessor_changed(
+    run: &mut Run<'_>,
+    op: &OpenOp,
+    why: &str,
+) -> Result<Report, Error> {
+    run.append(
+        op.id,
+        EntryBody::Canceled(Canceled {
+            reason: CancelReason::PredecessorChanged,
+        }),
+    )
+    .await?;
+    integrity::note_canceled(run, fingerprint_of(op));
+    Ok(Report::provisioning(format!(
+        "{} {} canceled before issue: {why}; planning again",
+        op.kind, op.id
+    )))
 }
 
 fn fingerprint_of(op: &OpenOp) -> String {
