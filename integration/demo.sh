@@ -59,12 +59,15 @@ start kubelet "$target/celld-test-kubelet" --kubeconfig "$cluster/test-kubelet.k
   --nodes 6 --node-prefix demo-node --image-map "$work/images.map" --control-addr 127.0.0.1:16481 \
   --store-ip 127.0.0.2 --pod-ip-range 127.40.0.0/16 --backoff-initial-ms 1000
 k create namespace celld-system --dry-run=client -o yaml | k apply -f - >/dev/null
+# The CRDs first: the operator lists fleets as soon as it leads (a fresh demo control plane
+# has none of the test suites' CRDs).
+k apply --server-side --force-conflicts -f "$repo/crds/" >/dev/null
+k wait --for=condition=Established crd/celldfleets.celld.eric.dev --timeout=60s >/dev/null
 start operator env RUST_LOG=info "$target/celld-operator" run --local-test --network-policy-enforced \
   --operator-namespace celld-system --watch-namespaces celld-demo --journal-dir "$work/journal" --health-bind-address 127.0.0.1:16482 --log-format plain
 for _ in $(seq 1 50); do curl -fs http://127.0.0.1:16482/readyz >/dev/null && break; sleep 0.2; done
 
 log "applying the sample fleets into namespace celld-demo"
-k apply --server-side --force-conflicts -f "$repo/crds/" >/dev/null
 k create namespace celld-demo --dry-run=client -o yaml | k apply -f - >/dev/null
 k -n celld-demo create serviceaccount celld-alpha --dry-run=client -o yaml | k apply -f - >/dev/null
 k -n celld-demo create serviceaccount celld-beta --dry-run=client -o yaml | k apply -f - >/dev/null
