@@ -416,6 +416,29 @@ async fn every_journal_mismatch_ends_blocked_with_bounded_writes_and_its_command
         reset_events.iter().any(|(r, _, _)| r == "JournalReset"),
         "{reset_events:?}"
     );
+    // A journal that verifies is never reset: the command is refused and removed.
+    let seq = seq_of(annotation(&api, "missing").await.as_deref());
+    cli_ok(&[
+        "journal",
+        "reset",
+        &format!("{}/missing", ns.name),
+        "--reason",
+        "by mistake",
+    ]);
+    until("the reset to be refused", 60, &api, "missing", || async {
+        let refused = events_about(&client, &ns.name, "missing")
+            .await
+            .iter()
+            .any(|(r, t, _)| r == "JournalCommandRefused" && t == "Warning");
+        let f = api.get("missing").await.ok()?;
+        (refused
+            && !f
+                .annotations()
+                .contains_key("celld.eric.dev/journal-command"))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(seq_of(annotation(&api, "missing").await.as_deref()), seq);
     // Nothing still blocks, and the Blocked condition said so with a Normal Event.
     for name in &names {
         let st = api.get(name).await.unwrap().status.unwrap();

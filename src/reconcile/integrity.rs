@@ -202,6 +202,14 @@ pub(crate) async fn consume_repair(
         Ok(RepairCommand::RestoreFromMirror) => {
             restored_annotation(ctx, &fleet).map(|text| (text, RepairCommand::RestoreFromMirror))
         }
+        // A journal that verifies is never reset: its history (and any open operation) would
+        // be forgotten; abandon is the command for an operation.
+        Ok(RepairCommand::Reset { .. })
+            if fleet.annotations().contains_key(JOURNAL_ANNOTATION)
+                && journal_store::load(&fleet).is_ok() =>
+        {
+            Err("the journal annotation verifies; `reset` is for a damaged or missing journal (use `journal abandon` for an operation)".into())
+        }
         Ok(reset @ RepairCommand::Reset { .. }) => {
             Ok((journal::Document::empty(uid.clone()).encode(), reset))
         }
