@@ -377,14 +377,7 @@ fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
 /// Records the operation's landed workload effect as `Issued{replayed}` (no write).
 pub(crate) async fn record_replayed(run: &mut Run<'_>, op: &OpenOp) -> Result<(), Error> {
     let step = step_of(op.kind);
-    let live = workload::get(
-        &run.ctx.client,
-        &run.ns,
-        &run.name,
-        uses_statefulset(&run.fleet.spec),
-    )
-    .await
-    .ctx(|| "reading the workload".into())?;
+    let live = run.workload().await?;
     let rv = live
         .as_ref()
         .and_then(|w| w.meta().resource_version.clone());
@@ -401,14 +394,7 @@ async fn marker_moved_after_issue(run: &Run<'_>, op: &OpenOp) -> Result<Option<S
         return Ok(None);
     }
     let own = Effect::new(op.id, step_of(op.kind)).to_string();
-    let live = workload::get(
-        &run.ctx.client,
-        &run.ns,
-        &run.name,
-        uses_statefulset(&run.fleet.spec),
-    )
-    .await
-    .ctx(|| "reading the workload".into())?;
+    let live = run.workload().await?;
     Ok(live.and_then(|w| {
         let found = w.marker().map(str::to_owned);
         (found.as_deref() != Some(own.as_str())).then(|| {
@@ -424,14 +410,7 @@ async fn marker_moved_after_issue(run: &Run<'_>, op: &OpenOp) -> Result<Option<S
 /// Whether the workload carries this operation's own effect marker.
 pub(crate) async fn effect_landed(run: &Run<'_>, op: &OpenOp) -> Result<bool, Error> {
     let marker = Effect::new(op.id, step_of(op.kind)).to_string();
-    let live = workload::get(
-        &run.ctx.client,
-        &run.ns,
-        &run.name,
-        uses_statefulset(&run.fleet.spec),
-    )
-    .await
-    .ctx(|| "reading the workload".into())?;
+    let live = run.workload().await?;
     Ok(live.is_some_and(|w| w.marker() == Some(marker.as_str())))
 }
 

@@ -353,6 +353,18 @@ impl Run<'_> {
         }
     }
 
+    /// The fleet's workload (fresh GET, of the kind the spec uses).
+    pub async fn workload(&self) -> Result<Option<workload::LiveWorkload>, Error> {
+        workload::get(
+            &self.ctx.client,
+            &self.ns,
+            &self.name,
+            crate::render::uses_statefulset(&self.fleet.spec),
+        )
+        .await
+        .ctx(|| "reading the workload".into())
+    }
+
     /// Pods with the fleet label (fresh list).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
         let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
