@@ -616,14 +616,9 @@ async fn new_members_claims_ok(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), 
     if !growth || run.fleet.spec.profile != Profile::PersistentFleet {
         return Ok(Ok(()));
     }
-    let claims = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
     for i in op.intent.from.max(0)..op.intent.to {
         let name = claim_name(&run.name, i);
-        let Some(claim) = claims
-            .get_opt(&name)
-            .await
-            .ctx(|| format!("reading claim {name}"))?
-        else {
+        let Some(claim) = run.claim_at(i).await? else {
             continue;
         };
         if claim.labels().get(FLEET_UID_LABEL).map(String::as_str) != Some(run.uid.as_str()) {
@@ -770,14 +765,9 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
     let mut kept = Vec::new();
     if spec.profile == Profile::PersistentFleet {
         let applied = live.as_ref().map(LiveWorkload::replicas).unwrap_or(0);
-        let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &run.ns);
         for i in 0..spec.replicas.max(applied) {
             let name = claim_name(&run.name, i);
-            let Some(claim) = claims
-                .get_opt(&name)
-                .await
-                .ctx(|| format!("reading claim {name}"))?
-            else {
+            let Some(claim) = run.claim_at(i).await? else {
                 continue;
             };
             let labelled =

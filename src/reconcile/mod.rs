@@ -365,6 +365,16 @@ impl Run<'_> {
         .ctx(|| "reading the workload".into())
     }
 
+    /// The claim at member `ordinal`'s name (fresh GET): a foreign claim has no fleet label,
+    /// so no labelled list would see it.
+    pub async fn claim_at(&self, ordinal: i32) -> Result<Option<PersistentVolumeClaim>, Error> {
+        let name = crate::render::claim_name(&self.name, ordinal);
+        Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), &self.ns)
+            .get_opt(&name)
+            .await
+            .ctx(|| format!("reading claim {name}"))
+    }
+
     /// Pods with the fleet label (fresh list).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
         let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
