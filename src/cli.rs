@@ -89,6 +89,11 @@ pub struct RunArgs {
     /// (default: all); fleets elsewhere are untouched. The chart sets it from fleetNamespaces.
     #[arg(long, value_delimiter = ',', value_name = "NS,...")]
     pub watch_namespaces: Vec<String>,
+    /// How recent a record of another operator installation (another Lease) in a fleet's
+    /// journal or `celld.eric.dev/operators` annotation must be to stop this one issuing for
+    /// that fleet (`ForeignOperator`); at least 30s.
+    #[arg(long, default_value = "10m", value_parser = parse_foreign_window)]
+    pub foreign_operator_window: Duration,
 }
 
 /// The failpoints of journal.md.
@@ -140,6 +145,14 @@ pub fn parse_replacement_delay(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(60) {
         return Err(format!("{s} is below the minimum of 1m"));
+    }
+    Ok(d)
+}
+
+fn parse_foreign_window(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_secs(30) {
+        return Err(format!("{s} is below the minimum of 30s"));
     }
     Ok(d)
 }

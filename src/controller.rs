@@ -207,6 +207,7 @@ async fn reconcile_fleet(
         Next::Soon => Action::requeue(reconcile::SOON),
         Next::Blocked => Action::requeue(reconcile::BLOCKED + jitter),
         Next::Later => Action::requeue(reconcile::LATER + jitter),
+        Next::After(d) => Action::requeue(d),
     })
 }
 
@@ -364,6 +365,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader: Leader {
             identity: identity.clone(),
             lease_transitions: leadership.transitions() as u32,
+            lease: Some(format!(
+                "{}/{}",
+                args.operator_namespace,
+                crate::leader::LEASE_NAME
+            )),
         },
         leadership: Some(leadership.clone()),
         metrics: metrics.clone(),
@@ -373,6 +379,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         restart_baseline: Default::default(),
         watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
         replan_backoff: Default::default(),
+        foreign_window: args.foreign_operator_window,
+        announced: Default::default(),
+        foreign_reported: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

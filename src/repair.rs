@@ -172,6 +172,7 @@ mod tests {
                         leader: journal::Leader {
                             identity: "t".into(),
                             lease_transitions: 1,
+                            lease: None,
                         },
                         body: journal::EntryBody::Recovered(journal::Recovered {
                             effect: format!("{op}/replicas").parse().unwrap(),

@@ -31,6 +31,7 @@ fn entry(op: OperationId, body: EntryBody) -> NewEntry {
         leader: Leader {
             identity: "celld-operator-test".into(),
             lease_transitions: 1,
+            lease: None,
         },
         body,
     }

@@ -653,3 +653,93 @@ async fn a_marker_changed_after_issue_blocks_the_operation() {
     ready(&api, "nu", 1).await;
     cleanup(&client, ns).await;
 }
+
+/// Two operator installations (two Leases) on one fleet: each reports the other
+/// (`Blocked=True ForeignOperator`, one Warning Event from each), neither appends or writes
+/// anything for the fleet while both run, and once the second stops, the first goes on after
+/// the window and completes what was asked in the meantime, with no entry of the second.
+#[tokio::test]
+async fn a_second_installation_is_reported_by_both_and_neither_issues() {
+    let _serial = SERIAL.lock().await;
+    let (c, client, ns) = setup("foreign").await;
+    const WINDOW: &str = "--foreign-operator-window=40s";
+    let first = Operator::start_with(|o| o.extra_args.push(WINDOW.into()));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    create_ready(&api, &small_fleet("xi", "Bucket", 1), 1).await;
+    let _ = c.kubectl(&["create", "namespace", "celld-e2e-second"]);
+    let mut opts = Operator::options(
+        None,
+        &c.admin_kubeconfig,
+        "celld-e2e-second",
+        "celld-operator-second",
+    );
+    opts.metrics_addr = None;
+    opts.extra_args = vec![WINDOW.into(), format!("--watch-namespaces={}", ns.name)];
+    let second = celld_harness::operator::OperatorProcess::start(&opts);
+
+    let message = reason(&api, "xi", "ForeignOperator").await;
+    assert!(
+        message.contains("Lease celld-e2e/celld-operator (holder celld-operator-e2e)")
+            && message.contains("Lease celld-e2e-second/celld-operator (holder celld-operator-second)"),
+        "{message}"
+    );
+    // Each installation says so itself.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name);
+    until("a ForeignOperator Event from each installation", 60, &api, "xi", || async {
+        let mut by: Vec<String> = events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("ForeignOperator") && e.type_.as_deref() == Some("Warning"))
+            .filter_map(|e| e.reporting_instance)
+            .collect();
+        by.sort();
+        by.dedup();
+        (by == ["celld-operator-e2e", "celld-operator-second"]).then_some(())
+    })
+    .await;
+
+    // Asked to grow while both run: neither opens, appends or writes anything.
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns.name);
+    let seq = seq_of(annotation(&api, "xi").await.as_deref());
+    let generation = deployments.get("xi").await.unwrap().metadata.generation;
+    let effect = marker(&client, &ns.name, "xi").await;
+    set_replicas(&api, "xi", 2).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(seq_of(annotation(&api, "xi").await.as_deref()), seq, "no journal entry while both run");
+    assert_eq!(deployments.get("xi").await.unwrap().metadata.generation, generation, "no workload write");
+    assert_eq!(marker(&client, &ns.name, "xi").await, effect);
+    let f = api.get("xi").await.unwrap();
+    let blocked = f.status.clone().unwrap().conditions.into_iter().find(|c| c.type_ == "Blocked").unwrap();
+    assert_eq!((blocked.status.as_str(), blocked.reason.as_str()), ("True", "ForeignOperator"));
+    let records: Value =
+        serde_json::from_str(&f.annotations()["celld.eric.dev/operators"]).unwrap();
+    assert!(
+        records.get("celld-e2e/celld-operator").is_some()
+            && records.get("celld-e2e-second/celld-operator").is_some(),
+        "{records}"
+    );
+
+    // The second installation stops: the first goes on once its record is older than the window.
+    drop(second);
+    ready(&api, "xi", 2).await;
+    let text = annotation(&api, "xi").await.unwrap();
+    let journal = Journal::load(Some(&text), &f.uid().unwrap()).unwrap();
+    let entries = journal.document().entries();
+    assert!(entries.len() as i64 > seq);
+    for e in entries {
+        assert_ne!(
+            e.leader().lease.as_deref(),
+            Some("celld-e2e-second/celld-operator"),
+            "the second installation wrote {e:?}"
+        );
+    }
+    assert_eq!(
+        entries.last().unwrap().leader().lease.as_deref(),
+        Some("celld-e2e/celld-operator")
+    );
+    cleanup(&client, ns).await;
+    drop(first);
+}

@@ -25,6 +25,7 @@ fn leader() -> Leader {
     Leader {
         identity: "celld-operator-0".into(),
         lease_transitions: 4,
+        lease: None,
     }
 }
 

@@ -363,6 +363,7 @@ pub(crate) fn entry_json(
             Json::obj()
                 .str("identity", &leader.identity)
                 .int("leaseTransitions", leader.lease_transitions)
+                .opt_str("lease", leader.lease.as_deref())
                 .build(),
         ),
         ("prev".to_owned(), Json::Str(prev.to_hex())),
@@ -472,10 +473,12 @@ fn entry_from_json(value: Json, path: String) -> Result<Entry, DecodeError> {
         let mut l = f.req_object("leader")?;
         let identity = l.req_nonempty_str("identity")?;
         let lease_transitions = l.req_int("leaseTransitions", 0, u32::MAX.into())? as u32;
+        let lease = l.opt_str("lease")?;
         l.finish()?;
         Leader {
             identity,
             lease_transitions,
+            lease,
         }
     };
     let prev = f.req_parsed::<Hash>("prev")?;

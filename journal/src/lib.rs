@@ -33,7 +33,11 @@
 //!
 //! let now = Utc.with_ymd_and_hms(2026, 11, 29, 10, 0, 0).unwrap();
 //! let op = OperationId::new_v4();
-//! let leader = Leader { identity: "celld-operator-0".into(), lease_transitions: 3 };
+//! let leader = Leader {
+//!     identity: "celld-operator-0".into(),
+//!     lease_transitions: 3,
+//!     lease: Some("celld-system/celld-operator".into()),
+//! };
 //! let intent = NewEntry {
 //!     at: now,
 //!     op,

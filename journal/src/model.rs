@@ -128,6 +128,10 @@ pub struct Leader {
     pub identity: String,
     /// `spec.leaseTransitions` of the Lease when the entry was written.
     pub lease_transitions: u32,
+    /// The Lease the writer held, `namespace/name`: names the operator installation.
+    /// `None` in entries written before installations were recorded (encoded only when set,
+    /// so those entries keep their hashes).
+    pub lease: Option<String>,
 }
 
 /// What an operation changes (journal.md table "Journaled decisions").

@@ -68,7 +68,11 @@ fn the_canonical_form_sorts_keys_and_hashes_the_entry_without_its_hash() {
         NewEntry {
             at: t(0),
             op: op(1),
-            leader: leader(),
+            // An entry from before installations were recorded: no `lease`, same hash.
+            leader: Leader {
+                lease: None,
+                ..leader()
+            },
             body: EntryBody::Observed(Observed {
                 note: "rolled out \"ok\"".into(),
             }),
@@ -90,6 +94,45 @@ fn the_canonical_form_sorts_keys_and_hashes_the_entry_without_its_hash() {
         &format!("\"hash\":\"{}\",\"leader\"", e.hash()),
     );
     assert_eq!(e.to_json(), with_hash);
+}
+
+#[test]
+fn the_writers_lease_is_part_of_the_hashed_leader_object() {
+    let e = chain::seal(
+        0,
+        Hash::ZERO,
+        NewEntry {
+            at: t(0),
+            op: op(1),
+            leader: leader(),
+            body: EntryBody::Observed(Observed { note: "ok".into() }),
+        },
+    );
+    assert!(
+        e.to_json().contains(
+            "\"leader\":{\"identity\":\"celld-operator-0\",\"lease\":\"celld-test/celld-operator\",\"leaseTransitions\":2}"
+        ),
+        "{}",
+        e.to_json()
+    );
+    let back = decode_entry(e.to_json()).unwrap();
+    assert_eq!(back.leader().lease.as_deref(), Some("celld-test/celld-operator"));
+    assert_eq!(chain::recompute(&back), e.hash());
+    // Another installation's Lease is another hash: the field cannot be edited unnoticed.
+    let other = chain::seal(
+        0,
+        Hash::ZERO,
+        NewEntry {
+            at: t(0),
+            op: op(1),
+            leader: Leader {
+                lease: Some("other/celld-operator".into()),
+                ..leader()
+            },
+            body: EntryBody::Observed(Observed { note: "ok".into() }),
+        },
+    );
+    assert_ne!(other.hash(), e.hash());
 }
 
 #[test]

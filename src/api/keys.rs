@@ -8,6 +8,10 @@ pub const LIFECYCLE_FINALIZER: &str = "celld.eric.dev/lifecycle-protection";
 pub const JOURNAL_ANNOTATION: &str = "celld.eric.dev/journal";
 /// `abandon <op>` | `retry <op>`, written by the CLI, consumed by the operator.
 pub const JOURNAL_COMMAND_ANNOTATION: &str = "celld.eric.dev/journal-command";
+/// The operator installations (Leases) that reconciled the fleet recently, JSON
+/// `{"<ns>/<lease>": {"holder": "<identity>", "seen": "<RFC 3339>"}}` (docs/operations.md
+/// "Two operator installations").
+pub const OPERATORS_ANNOTATION: &str = "celld.eric.dev/operators";
 /// Administrative member replacement request.
 pub const REPLACE_MEMBER_ANNOTATION: &str = "celld.eric.dev/replace-member";
 /// `<operationId>/<step>` of the last workload write (workload metadata only).

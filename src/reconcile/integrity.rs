@@ -310,6 +310,11 @@ pub(crate) async fn announce_blocked(run: &Run<'_>, old: &CelldFleetStatus, repo
     let was_reason = was.map(|c| c.reason.clone()).unwrap_or_default();
     let blocked = matches!(report.class, Class::Blocked | Class::BlockedInfraReady);
     let fleet = format!("{}/{}", run.ns, run.name);
+    // `ForeignOperator` is announced by each installation itself (foreign.rs), since both
+    // write the same condition and only the first write is a transition.
+    if blocked && report.reason == "ForeignOperator" {
+        return;
+    }
     if blocked && (!was_blocked || was_reason != report.reason) {
         tracing::warn!(fleet = %fleet, reason = report.reason, "blocked: {}", report.message);
         event(

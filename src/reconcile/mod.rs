@@ -15,6 +15,7 @@ mod prereq;
 mod status;
 pub mod workload;
 mod zone_gate;
+pub mod foreign;
 
 use std::time::Duration;
 
@@ -69,6 +70,12 @@ pub struct Ctx {
     /// Fleet UID → the request last canceled with `PredecessorChanged`, how often in a row,
     /// and when it may be planned again (the cancel-and-replan backoff).
     pub replan_backoff: std::sync::Mutex<std::collections::HashMap<String, integrity::Replan>>,
+    /// `--foreign-operator-window`.
+    pub foreign_window: Duration,
+    /// Fleet UIDs on which this process has recorded (or found fresh) its installation record.
+    pub announced: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Fleet UID → the other installations last reported with a `ForeignOperator` Event.
+    pub foreign_reported: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Ctx {
@@ -420,6 +427,8 @@ pub enum Next {
     Blocked,
     /// At the slow resync.
     Later,
+    /// After exactly this long (a contended fleet refreshes its installation record in time).
+    After(Duration),
 }
 
 /// Reconciles one fleet; returns when to look again.
@@ -469,12 +478,15 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     if !run.journal_unusable {
         run.ensure_mirrored().await?;
     }
-    let steps = match unusable {
+    // 2. Another operator installation on this fleet stops everything, deletion included.
+    let foreign = foreign::check(&mut run).await?;
+    let steps = match (foreign, unusable) {
+        (Some(report), _) => Ok(report),
         // A deleted fleet is not held hostage by a damaged or missing journal: its deletion
         // runs in a fresh journal that keeps the claims (integrity.rs).
-        Some(_) if run.fleet.meta().deletion_timestamp.is_some() => delete::drive(&mut run).await,
-        Some(report) => Ok(report),
-        None => reconcile_steps(&mut run).await,
+        (None, Some(_)) if run.fleet.meta().deletion_timestamp.is_some() => delete::drive(&mut run).await,
+        (None, Some(report)) => Ok(report),
+        (None, None) => reconcile_steps(&mut run).await,
     };
     let report = match steps {
         Ok(r) => r,
@@ -535,6 +547,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     run.self_fence_events(&pods).await;
     Ok(
         match (report.class, run.journal.fold().current().is_some()) {
+            _ if report.reason == "ForeignOperator" => Next::After(ctx.foreign_window / 4),
             (Class::Done, false) => Next::Later,
             (Class::Blocked | Class::BlockedInfraReady, _) => Next::Blocked,
             _ => Next::Soon,

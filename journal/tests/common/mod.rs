@@ -16,6 +16,7 @@ pub fn leader() -> Leader {
     Leader {
         identity: "celld-operator-0".into(),
         lease_transitions: 2,
+        lease: Some("celld-test/celld-operator".into()),
     }
 }
 
