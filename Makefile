@@ -101,9 +101,9 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-test-kubelet
 	$(CARGO) test -p celld-testbed
 	$(CARGO) build -p celld-test-kubelet
-	$(CARGO) test -p celld-operator --test operator_e2e -- --test-threads=5
-	$(CARGO) test -p celld-operator --test journal_integrity -- --test-threads=4
-	$(CARGO) test -p celld-operator --test operator_sim
+	$(CARGO) test -p celld-operator --test operator_e2e -- --test-threads=4
+	$(CARGO) test -p celld-operator --test journal_integrity -- --test-threads=3
+	$(CARGO) test -p celld-operator --test operator_sim -- --test-threads=3
 
 test: check test-bed test-cluster
 	@echo "==> all tests passed"

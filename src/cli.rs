@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// Lease namespace; operator Pods there are admitted by each fleet's NetworkPolicy.
     #[arg(long, default_value = "celld-system")]
     pub operator_namespace: String,
+    /// Name of the leader Lease in the operator namespace. `namespace/name` names the
+    /// installation: replicas sharing it elect one writer; another Lease is another
+    /// installation (`ForeignOperator`).
+    #[arg(long, default_value = crate::leader::DEFAULT_LEASE_NAME)]
+    pub lease_name: String,
     /// The administrator attests the CNI enforces NetworkPolicy; without it nothing is provisioned.
     #[arg(long)]
     pub network_policy_enforced: bool,

@@ -251,6 +251,16 @@ fn route_triggers(
     streams
 }
 
+/// `celld-operator/<version> (<identity>)`, the User-Agent of every request (characters a
+/// header cannot carry are replaced by `_`).
+pub fn user_agent(identity: &str) -> String {
+    let identity: String = identity
+        .chars()
+        .map(|c| if c.is_ascii_graphic() { c } else { '_' })
+        .collect();
+    format!("celld-operator/{} ({identity})", env!("CARGO_PKG_VERSION"))
+}
+
 /// Runs the controller until SIGTERM/SIGINT or a lost Lease.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     init_logging(args.log_format);
@@ -258,11 +268,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         crate::failpoint::arm(fp);
     }
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
-        .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
-            metrics.clone(),
-        ))
-        .build();
     let identity = std::env::var("POD_NAME")
         .ok()
         .filter(|s| !s.is_empty())
@@ -272,6 +277,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .map(|s| s.trim().to_string())
         })
         .unwrap_or_else(|| "celld-operator".into());
+    // Every request names the replica: the API server's audit log tells replicas apart.
+    let mut config = kube::Config::infer().await?;
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_str(&user_agent(&identity))?,
+    ));
+    let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
+            metrics.clone(),
+        ))
+        .build();
     let ready = Arc::new(AtomicBool::new(false));
     // Both endpoints are bound before anything else starts: an address that cannot be bound
     // (in use, not local) ends the process with the address in the error instead of running
@@ -309,6 +325,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         args.operator_namespace.clone(),
+        args.lease_name.clone(),
         identity.clone(),
         leadership.clone(),
     ));
@@ -365,11 +382,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader: Leader {
             identity: identity.clone(),
             lease_transitions: leadership.transitions() as u32,
-            lease: Some(format!(
-                "{}/{}",
-                args.operator_namespace,
-                crate::leader::LEASE_NAME
-            )),
+            lease: Some(format!("{}/{}", args.operator_namespace, args.lease_name)),
         },
         leadership: Some(leadership.clone()),
         metrics: metrics.clone(),
@@ -433,7 +446,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     election.abort();
     metrics.leader.set(0);
-    match leader::release(client_for_release, &args.operator_namespace, &identity).await {
+    match leader::release(
+        client_for_release,
+        &args.operator_namespace,
+        &args.lease_name,
+        &identity,
+    )
+    .await
+    {
         Ok(true) => tracing::info!(identity, "released the leader Lease"),
         Ok(false) => tracing::info!(identity, "the leader Lease was no longer ours"),
         Err(e) => {

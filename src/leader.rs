@@ -13,8 +13,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use kube::Client;
 
-/// Lease name.
-pub const LEASE_NAME: &str = "celld-operator";
+/// Default Lease name (`--lease-name`).
+pub const DEFAULT_LEASE_NAME: &str = "celld-operator";
 const DURATION: Duration = Duration::from_secs(15);
 const RENEW: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(2);
@@ -51,6 +51,7 @@ fn now_micro() -> MicroTime {
 pub async fn run(
     client: Client,
     namespace: String,
+    name: String,
     identity: String,
     state: Leadership,
 ) -> anyhow::Result<()> {
@@ -59,7 +60,7 @@ pub async fn run(
     // a conflict (someone else wrote it) costs a fresh GET.
     let mut last: Option<Lease> = None;
     loop {
-        let acquired = try_acquire_or_renew(&api, &identity, &state, &mut last).await;
+        let acquired = try_acquire_or_renew(&api, &name, &identity, &state, &mut last).await;
         match acquired {
             Ok(true) => {
                 if !state.leading.swap(true, Ordering::SeqCst) {
@@ -91,6 +92,7 @@ pub async fn run(
 
 async fn try_acquire_or_renew(
     api: &Api<Lease>,
+    name: &str,
     identity: &str,
     state: &Leadership,
     last: &mut Option<Lease>,
@@ -99,10 +101,7 @@ async fn try_acquire_or_renew(
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if spec.holder_identity.as_deref() == Some(identity) {
             spec.renew_time = Some(now_micro());
-            match api
-                .replace(LEASE_NAME, &PostParams::default(), &lease)
-                .await
-            {
+            match api.replace(name, &PostParams::default(), &lease).await {
                 Ok(written) => {
                     *last = Some(written);
                     return Ok(true);
@@ -113,10 +112,10 @@ async fn try_acquire_or_renew(
             }
         }
     }
-    let Some(mut lease) = api.get_opt(LEASE_NAME).await? else {
+    let Some(mut lease) = api.get_opt(name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
-                name: Some(LEASE_NAME.into()),
+                name: Some(name.into()),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -155,10 +154,7 @@ async fn try_acquire_or_renew(
     spec.renew_time = Some(now_micro());
     spec.lease_duration_seconds = Some(DURATION.as_secs() as i32);
     let transitions = i64::from(spec.lease_transitions.unwrap_or(0));
-    match api
-        .replace(LEASE_NAME, &PostParams::default(), &lease)
-        .await
-    {
+    match api.replace(name, &PostParams::default(), &lease).await {
         Ok(written) => {
             state.transitions.store(transitions, Ordering::SeqCst);
             *last = Some(written);
@@ -172,9 +168,14 @@ async fn try_acquire_or_renew(
 /// Gives the Lease up on a graceful shutdown (behavior.md §1): when this identity still holds
 /// it, the holder is cleared and the duration set to 1 s, as a compare-and-swap on the read
 /// resourceVersion, so a standby takes over at its next retry instead of after 15 s.
-pub async fn release(client: Client, namespace: &str, identity: &str) -> Result<bool, kube::Error> {
+pub async fn release(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    identity: &str,
+) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, namespace);
-    let Some(mut lease) = api.get_opt(LEASE_NAME).await? else {
+    let Some(mut lease) = api.get_opt(name).await? else {
         return Ok(false);
     };
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -184,7 +185,6 @@ pub async fn release(client: Client, namespace: &str, identity: &str) -> Result<
     spec.holder_identity = None;
     spec.lease_duration_seconds = Some(1);
     spec.renew_time = Some(now_micro());
-    api.replace(LEASE_NAME, &PostParams::default(), &lease)
-        .await?;
+    api.replace(name, &PostParams::default(), &lease).await?;
     Ok(true)
 }

@@ -186,7 +186,7 @@ struct Case {
 
 #[tokio::test]
 async fn every_journal_mismatch_ends_blocked_with_bounded_writes_and_its_command_resolves_it() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("integrity").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -461,7 +461,7 @@ fn tempfile_dir() -> std::path::PathBuf {
 /// starts from it (no `EffectMarkerMismatch`).
 #[tokio::test]
 async fn abandoning_an_operation_whose_write_landed_records_the_write_first() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("abandon-landed").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
@@ -515,7 +515,7 @@ async fn abandoning_an_operation_whose_write_landed_records_the_write_first() {
 /// journaled in a fresh journal.
 #[tokio::test]
 async fn a_fleet_with_a_damaged_journal_is_deleted_keeping_its_claims() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (_c, client, ns) = setup("damaged-delete").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -549,7 +549,7 @@ async fn a_fleet_with_a_damaged_journal_is_deleted_keeping_its_claims() {
 /// before its write and the fleet reports `StorageIdentityConflict`).
 #[tokio::test]
 async fn a_resumed_growth_rechecks_the_claims_it_would_attach() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("regrow-claims").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
@@ -603,7 +603,7 @@ async fn a_resumed_growth_rechecks_the_claims_it_would_attach() {
 /// `abandon` frees the fleet, which then reports `EffectMarkerMismatch` until `adopt`.
 #[tokio::test]
 async fn a_marker_changed_after_issue_blocks_the_operation() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (_c, client, ns) = setup("moved-marker").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -660,7 +660,7 @@ async fn a_marker_changed_after_issue_blocks_the_operation() {
 /// the window and completes what was asked in the meantime, with no entry of the second.
 #[tokio::test]
 async fn a_second_installation_is_reported_by_both_and_neither_issues() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("foreign").await;
     const WINDOW: &str = "--foreign-operator-window=40s";
     let first = Operator::start_with(|o| o.extra_args.push(WINDOW.into()));
@@ -674,31 +674,46 @@ async fn a_second_installation_is_reported_by_both_and_neither_issues() {
         "celld-operator-second",
     );
     opts.metrics_addr = None;
-    opts.extra_args = vec![WINDOW.into(), format!("--watch-namespaces={}", ns.name)];
+    opts.extra_args.push(WINDOW.into());
     let second = celld_harness::operator::OperatorProcess::start(&opts);
 
     let message = reason(&api, "xi", "ForeignOperator").await;
+    let (lease_first, lease_second) = (
+        format!("celld-e2e/{}", lease_name()),
+        format!("celld-e2e-second/{}", lease_name()),
+    );
     assert!(
-        message.contains("Lease celld-e2e/celld-operator (holder celld-operator-e2e)")
-            && message.contains("Lease celld-e2e-second/celld-operator (holder celld-operator-second)"),
+        message.contains(&format!("Lease {lease_first} (holder celld-operator-e2e)"))
+            && message.contains(&format!(
+                "Lease {lease_second} (holder celld-operator-second)"
+            )),
         "{message}"
     );
     // Each installation says so itself.
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name);
-    until("a ForeignOperator Event from each installation", 60, &api, "xi", || async {
-        let mut by: Vec<String> = events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some("ForeignOperator") && e.type_.as_deref() == Some("Warning"))
-            .filter_map(|e| e.reporting_instance)
-            .collect();
-        by.sort();
-        by.dedup();
-        (by == ["celld-operator-e2e", "celld-operator-second"]).then_some(())
-    })
+    until(
+        "a ForeignOperator Event from each installation",
+        60,
+        &api,
+        "xi",
+        || async {
+            let mut by: Vec<String> = events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some("ForeignOperator")
+                        && e.type_.as_deref() == Some("Warning")
+                })
+                .filter_map(|e| e.reporting_instance)
+                .collect();
+            by.sort();
+            by.dedup();
+            (by == ["celld-operator-e2e", "celld-operator-second"]).then_some(())
+        },
+    )
     .await;
 
     // Asked to grow while both run: neither opens, appends or writes anything.
@@ -708,17 +723,34 @@ async fn a_second_installation_is_reported_by_both_and_neither_issues() {
     let effect = marker(&client, &ns.name, "xi").await;
     set_replicas(&api, "xi", 2).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert_eq!(seq_of(annotation(&api, "xi").await.as_deref()), seq, "no journal entry while both run");
-    assert_eq!(deployments.get("xi").await.unwrap().metadata.generation, generation, "no workload write");
+    assert_eq!(
+        seq_of(annotation(&api, "xi").await.as_deref()),
+        seq,
+        "no journal entry while both run"
+    );
+    assert_eq!(
+        deployments.get("xi").await.unwrap().metadata.generation,
+        generation,
+        "no workload write"
+    );
     assert_eq!(marker(&client, &ns.name, "xi").await, effect);
     let f = api.get("xi").await.unwrap();
-    let blocked = f.status.clone().unwrap().conditions.into_iter().find(|c| c.type_ == "Blocked").unwrap();
-    assert_eq!((blocked.status.as_str(), blocked.reason.as_str()), ("True", "ForeignOperator"));
+    let blocked = f
+        .status
+        .clone()
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Blocked")
+        .unwrap();
+    assert_eq!(
+        (blocked.status.as_str(), blocked.reason.as_str()),
+        ("True", "ForeignOperator")
+    );
     let records: Value =
         serde_json::from_str(&f.annotations()["celld.eric.dev/operators"]).unwrap();
     assert!(
-        records.get("celld-e2e/celld-operator").is_some()
-            && records.get("celld-e2e-second/celld-operator").is_some(),
+        records.get(&lease_first).is_some() && records.get(&lease_second).is_some(),
         "{records}"
     );
 
@@ -732,13 +764,13 @@ async fn a_second_installation_is_reported_by_both_and_neither_issues() {
     for e in entries {
         assert_ne!(
             e.leader().lease.as_deref(),
-            Some("celld-e2e-second/celld-operator"),
+            Some(lease_second.as_str()),
             "the second installation wrote {e:?}"
         );
     }
     assert_eq!(
         entries.last().unwrap().leader().lease.as_deref(),
-        Some("celld-e2e/celld-operator")
+        Some(lease_first.as_str())
     );
     cleanup(&client, ns).await;
     drop(first);

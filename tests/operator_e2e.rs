@@ -5,8 +5,10 @@
 //! operator writes and decides. Data-level scenarios (ledger, self-fence) run with
 //! simulator members in the test-bed suite.
 //!
-//! The scenarios share one operator Lease and restart the operator for crash drills, so
-//! they run one at a time (a global lock).
+//! Each scenario's operators are one installation of their own (Lease
+//! `celld-e2e/celld-operator-<test namespace>`) watching only the test's namespace, so the
+//! scenarios run side by side; one whose operator watches every namespace runs alone
+//! (`exclusive()`).
 
 mod e2e_common;
 
@@ -25,7 +27,7 @@ use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_the_reservation() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("pf").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -170,7 +172,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
 
 #[tokio::test]
 async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (_c, client, ns) = setup("bk").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -246,7 +248,7 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
 
 #[tokio::test]
 async fn foreign_objects_are_refused_and_left_untouched() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("foreign").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -409,7 +411,7 @@ async fn foreign_objects_are_refused_and_left_untouched() {
 /// restarted; the audit log shows exactly one write per effect marker.
 #[tokio::test]
 async fn scale_drills_issue_each_effect_exactly_once() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("drill").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
@@ -462,7 +464,7 @@ async fn scale_drills_issue_each_effect_exactly_once() {
     verify_journal(
         &ns.name,
         "eps",
-        Some(&work_dir().join("celld-operator-e2e/journal")),
+        Some(&test_dir().join("celld-operator-e2e/journal")),
     );
     let _op = Operator::start(None); // deletion needs a running operator
     cleanup(&client, ns).await;
@@ -471,7 +473,7 @@ async fn scale_drills_issue_each_effect_exactly_once() {
 /// Pause while an operation is in Intent cancels it before issue; no workload write.
 #[tokio::test]
 async fn pause_cancels_an_operation_still_in_intent() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("pause").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
@@ -631,7 +633,8 @@ async fn pause_cancels_an_operation_still_in_intent() {
 /// unlisted one.
 #[tokio::test]
 async fn the_chart_service_account_is_enough_to_run_a_fleet() {
-    let _serial = SERIAL.lock().await;
+    // Its second operator watches every namespace: no other test runs meanwhile.
+    let _guard = exclusive().await;
     let (c, client, ns) = setup("chart").await;
     let other = TestNamespace::create(&client, "unlisted").await.unwrap();
     let sa: ServiceAccount =
@@ -660,16 +663,18 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     let text = std::fs::read_to_string(&c.admin_kubeconfig).unwrap();
     let mut kc: Value = serde_yaml::from_str(&text).unwrap();
     kc["users"][0]["user"]["as"] = json!("system:serviceaccount:celld-system:celld-operator");
-    std::fs::create_dir_all(work_dir()).unwrap();
-    let kubeconfig = work_dir().join("chart-sa.kubeconfig");
+    std::fs::create_dir_all(test_dir()).unwrap();
+    let kubeconfig = test_dir().join("chart-sa.kubeconfig");
     std::fs::write(&kubeconfig, serde_yaml::to_string(&kc).unwrap()).unwrap();
     // As the chart runs it: --watch-namespaces from fleetNamespaces. A fleet in a namespace
     // it does not list is never read or touched.
     let denied: Api<CelldFleet> = Api::namespaced(client.clone(), &other.name);
     let iota = fleet("iota", "Bucket", 3, &unique_bucket("un"));
     denied.create(&PostParams::default(), &iota).await.unwrap();
-    let mut opts = Operator::options(None, &kubeconfig, "celld-system", "celld-operator-e2e");
-    opts.extra_args = vec![format!("--watch-namespaces={}", ns.name)];
+    let opts = Operator::options(None, &kubeconfig, "celld-system", "celld-operator-e2e");
+    assert!(opts
+        .extra_args
+        .contains(&format!("--watch-namespaces={}", ns.name)));
     let op = OperatorProcess::start(&opts);
 
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -731,7 +736,10 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     // Watching every namespace, a namespace without the Role: NamespaceAccessDenied with
     // what to do.
     drop(op);
-    let _op = Operator::start_as(None, &kubeconfig, "celld-system");
+    let mut opts = Operator::options(None, &kubeconfig, "celld-system", "celld-operator-e2e");
+    opts.extra_args
+        .retain(|a| !a.starts_with("--watch-namespaces"));
+    let _op = OperatorProcess::start(&opts);
     let message = reason(&denied, "iota", "NamespaceAccessDenied").await;
     assert!(
         message.contains(&other.name) && message.contains("fleetNamespaces"),
@@ -752,7 +760,7 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
 /// removes exactly the highest ordinal.
 #[tokio::test]
 async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (_c, client, ns) = setup("ord").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -821,8 +829,9 @@ async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
 /// completes the operation without writing again.
 #[tokio::test]
 async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("ha").await;
+    let started = chrono::Utc::now();
     let admin = c.admin_kubeconfig.clone();
     let _ = c.kubectl(&["create", "namespace", "celld-e2e-ha"]);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -851,6 +860,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         3,
         "replica-a dies after the template write"
     );
+    let a_died = chrono::Utc::now();
     until(
         "the upgrade to complete under replica-b",
         120,
@@ -866,6 +876,33 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         },
     )
     .await;
+    // While replica-a held the Lease, the standby wrote nothing at all (fleet, workload,
+    // Lease, Events: every request carries its identity in the User-Agent).
+    // (The audit log spans earlier runs; this test's requests are those after `started`.)
+    let at = |e: &Value| {
+        e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&chrono::Utc))
+    };
+    let by_b: Vec<Value> = celld_harness::audit::writes_by(c, "(replica-b)")
+        .into_iter()
+        .filter(|e| at(e).is_some_and(|t| t >= started))
+        .collect();
+    let before: Vec<_> = by_b
+        .iter()
+        .filter(|e| at(e).is_some_and(|t| t < a_died))
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(
+        before.is_empty(),
+        "the standby wrote while the leader lived: {before:?}"
+    );
+    assert!(
+        by_b.iter()
+            .any(|e| e["objectRef"]["namespace"] == ns.name.as_str()),
+        "the standby's own writes are visible in the audit log once it leads"
+    );
     let marker = marker_of(c, &ns.name, "statefulset", "lam");
     assert!(marker.ends_with("/template"), "{marker}");
     assert_eq!(
@@ -934,7 +971,7 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
             "celld-e2e-ha",
             "get",
             "lease",
-            "celld-operator",
+            &lease_name(),
             "-o",
             "jsonpath={.spec.holderIdentity}",
         ])
@@ -973,7 +1010,7 @@ fn claim_deletes(c: &Cluster, ns: &str) -> std::collections::BTreeMap<String, us
 /// effect exactly once.
 #[tokio::test]
 async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("drill2").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     {
@@ -1062,7 +1099,7 @@ async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
 /// (never reissued) and goes on planning from there.
 #[tokio::test]
 async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_reissued() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("rollback").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let key = celld_operator::api::keys::JOURNAL_ANNOTATION;
@@ -1135,7 +1172,7 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
 /// created, not even the reservation (behavior.md §2 step 8, §18 scenario 2).
 #[tokio::test]
 async fn without_the_network_policy_attestation_nothing_is_provisioned() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("iso").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let bucket = unique_bucket("iso");
@@ -1190,10 +1227,10 @@ async fn without_the_network_policy_attestation_nothing_is_provisioned() {
 /// test-only `--operation-deadline`.
 #[tokio::test]
 async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("stall").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    let _op = Operator::start_with(|o| o.extra_args = vec!["--operation-deadline=25s".into()]);
+    let _op = Operator::start_with(|o| o.extra_args.push("--operation-deadline=25s".into()));
     create_ready(
         &api,
         &fleet("sigma", "PersistentFleet", 3, &unique_bucket("st")),
@@ -1377,7 +1414,7 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
 #[tokio::test]
 async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("hpa").await;
     let _op = Operator::start(None);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -1517,7 +1554,7 @@ async fn outcome_of(api: &Api<CelldFleet>, name: &str, marker: &str) -> (String,
 /// exactly once.
 #[tokio::test]
 async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_once() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("drill3").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let points = [
@@ -1771,7 +1808,7 @@ async fn scale_intents(api: &Api<CelldFleet>, name: &str) -> Vec<String> {
 /// 8–10): one replica write per step, every claim identity unchanged.
 #[tokio::test]
 async fn contraction_resumes_between_steps_and_regrowth_reattaches_kept_disks() {
-    let _serial = SERIAL.lock().await;
+    let _guard = isolated().await;
     let (c, client, ns) = setup("contract").await;
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let mut f =

@@ -2,7 +2,6 @@
 //! PersistentFleet's life keeps every acknowledged ledger ID, and the one-member-down
 //! sampler never sees two members down.
 
-use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use celld_harness::audit::{self, marker_of};
@@ -17,10 +16,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-/// Each test runs its own operator, and an operator reconciles every fleet of the cluster:
-/// the tests of this binary run one at a time so no operator acts on another test's fleet
-/// (failpoints count every fleet's boundaries).
-static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+// Each test runs its own operator installation (its own Lease namespace) scoped to the
+// test's namespace with --watch-namespaces, so no operator acts on another test's fleet
+// (failpoints count only its own fleets' boundaries) and the tests run side by side.
 
 /// Polls `check` every 500 ms until it holds, or fails naming `what` and the operator log.
 async fn poll_until<F, Fut>(what: &str, secs: u64, log: &std::path::Path, mut check: F)
@@ -102,7 +100,12 @@ async fn fleet_namespace(bed: &TestBed, client: &Client, tag: &str) -> TestNames
 }
 
 /// The operator of test `tag`: Lease in `celld-<tag>`, its own identity, log and mirror.
-fn operator_options(bed: &TestBed, tag: &str, fault_point: Option<&str>) -> OperatorOptions {
+fn operator_options(
+    bed: &TestBed,
+    tag: &str,
+    ns: &str,
+    fault_point: Option<&str>,
+) -> OperatorOptions {
     OperatorOptions {
         binary: env!("CARGO_BIN_EXE_celld-operator").into(),
         kubeconfig: bed.kubeconfig().into(),
@@ -113,6 +116,8 @@ fn operator_options(bed: &TestBed, tag: &str, fault_point: Option<&str>) -> Oper
             .work_dir
             .join(format!("operator-{tag}-{}", std::process::id())),
         fault_point: fault_point.map(str::to_string),
+        // Scoped to the test's namespace: the suite's tests run side by side.
+        extra_args: vec![format!("--watch-namespaces={ns}")],
         ..Default::default()
     }
 }
@@ -134,13 +139,12 @@ fn sim_fleet(name: &str, replicas: i32, bucket: &str, placement: serde_json::Val
 
 #[tokio::test]
 async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
-    let _serial = SERIAL.lock().await;
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();
     let ns = fleet_namespace(bed, &client, "sim-e2e").await;
     let bucket = bed.unique_bucket("opsim").unwrap();
-    let op = OperatorProcess::start(&operator_options(bed, "sim-e2e", None));
+    let op = OperatorProcess::start(&operator_options(bed, "sim-e2e", &ns.name, None));
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let placement = json!({"zones": ["us-east-1a", "us-east-1b", "us-east-1c"], "azCount": 3});
     let fleet = sim_fleet("beta", 3, &bucket, placement);
@@ -261,13 +265,13 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
 /// fires, and every claim keeps its identity.
 #[tokio::test]
 async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
-    let _serial = SERIAL.lock().await;
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();
     let ns = fleet_namespace(bed, &client, "sim-e2e2").await;
     let bucket = bed.unique_bucket("opsim2").unwrap();
-    let options = |fault_point: Option<&str>| operator_options(bed, "sim-e2e2", fault_point);
+    let options =
+        |fault_point: Option<&str>| operator_options(bed, "sim-e2e2", &ns.name, fault_point);
     let mut op = OperatorProcess::start(&options(None));
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let placement = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
@@ -388,13 +392,13 @@ async fn finished(api: &Api<CelldFleet>, name: &str, marker: &str) -> bool {
 /// annotation and the mirror.
 #[tokio::test]
 async fn drills_at_every_failpoint_keep_every_acknowledged_id() {
-    let _serial = SERIAL.lock().await;
     let bed = TestBed::shared().await;
     let _store = bed.store_shared().await;
     let client = bed.client().await.unwrap();
     let ns = fleet_namespace(bed, &client, "sim-drill").await;
     let bucket = bed.unique_bucket("opsimd").unwrap();
-    let options = |fault_point: Option<&str>| operator_options(bed, "sim-drill", fault_point);
+    let options =
+        |fault_point: Option<&str>| operator_options(bed, "sim-drill", &ns.name, fault_point);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     let placement = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
     let fleet = sim_fleet("delta", 3, &bucket, placement);

@@ -116,7 +116,10 @@ fn the_writers_lease_is_part_of_the_hashed_leader_object() {
         e.to_json()
     );
     let back = decode_entry(e.to_json()).unwrap();
-    assert_eq!(back.leader().lease.as_deref(), Some("celld-test/celld-operator"));
+    assert_eq!(
+        back.leader().lease.as_deref(),
+        Some("celld-test/celld-operator")
+    );
     assert_eq!(chain::recompute(&back), e.hash());
     // Another installation's Lease is another hash: the field cannot be edited unnoticed.
     let other = chain::seal(

@@ -312,7 +312,10 @@ mod tests {
         let seen = recent(j.document().entries(), &Records::new(), t(5), W);
         assert_eq!(seen.len(), 1);
         let m = message("b/celld-operator", "b-0", &seen, W).expect("foreign");
-        assert!(m.contains("Lease a/celld-operator (holder a-0), Lease b/celld-operator (holder b-0)"), "{m}");
+        assert!(
+            m.contains("Lease a/celld-operator (holder a-0), Lease b/celld-operator (holder b-0)"),
+            "{m}"
+        );
         assert!(m.contains("within the last 10m"), "{m}");
         // Its own entries are no other installation; entries older than the window are history.
         assert!(message("a/celld-operator", "a-0", &seen, W).is_none());
@@ -326,8 +329,20 @@ mod tests {
     #[test]
     fn both_installations_write_the_same_message() {
         let mut records = Records::new();
-        records.insert("a/celld-operator".into(), Record { holder: "a-0".into(), seen: t(0) });
-        records.insert("b/celld-operator".into(), Record { holder: "b-0".into(), seen: t(1) });
+        records.insert(
+            "a/celld-operator".into(),
+            Record {
+                holder: "a-0".into(),
+                seen: t(0),
+            },
+        );
+        records.insert(
+            "b/celld-operator".into(),
+            Record {
+                holder: "b-0".into(),
+                seen: t(1),
+            },
+        );
         let seen = recent(&[], &records, t(2), W);
         assert_eq!(
             message("a/celld-operator", "a-0", &seen, W),
@@ -338,17 +353,25 @@ mod tests {
         let seen = recent(&[], &records, t(2), W);
         assert_eq!(
             message("a/celld-operator", "a-0", &seen, W),
-            message("b/celld-operator", "b-0", &{
-                let mut s = seen.clone();
-                s.insert("a/celld-operator".into(), ("a-0".into(), t(0)));
-                s
-            }, W)
+            message(
+                "b/celld-operator",
+                "b-0",
+                &{
+                    let mut s = seen.clone();
+                    s.insert("a/celld-operator".into(), ("a-0".into(), t(0)));
+                    s
+                },
+                W
+            )
         );
     }
 
     #[test]
     fn the_record_is_written_when_missing_once_per_start_and_while_contended() {
-        let own = Record { holder: "a-0".into(), seen: t(0) };
+        let own = Record {
+            holder: "a-0".into(),
+            seen: t(0),
+        };
         assert!(needs_write(None, "a-0", true, false, t(0), W));
         // Fresh, same holder: nothing to write, announced or not.
         assert!(!needs_write(Some(&own), "a-0", false, false, t(1), W));
@@ -365,14 +388,43 @@ mod tests {
     #[test]
     fn writing_drops_stale_records_and_keeps_recent_ones() {
         let mut records = Records::new();
-        records.insert("old/celld-operator".into(), Record { holder: "o".into(), seen: t(0) });
-        records.insert("b/celld-operator".into(), Record { holder: "b-0".into(), seen: t(15) });
-        records.insert("a/celld-operator".into(), Record { holder: "a-0".into(), seen: t(1) });
+        records.insert(
+            "old/celld-operator".into(),
+            Record {
+                holder: "o".into(),
+                seen: t(0),
+            },
+        );
+        records.insert(
+            "b/celld-operator".into(),
+            Record {
+                holder: "b-0".into(),
+                seen: t(15),
+            },
+        );
+        records.insert(
+            "a/celld-operator".into(),
+            Record {
+                holder: "a-0".into(),
+                seen: t(1),
+            },
+        );
         let out = updated(&records, "a/celld-operator", "a-1", t(20), W);
-        assert_eq!(out.keys().collect::<Vec<_>>(), ["a/celld-operator", "b/celld-operator"]);
-        assert_eq!(out["a/celld-operator"], Record { holder: "a-1".into(), seen: t(20) });
+        assert_eq!(
+            out.keys().collect::<Vec<_>>(),
+            ["a/celld-operator", "b/celld-operator"]
+        );
+        assert_eq!(
+            out["a/celld-operator"],
+            Record {
+                holder: "a-1".into(),
+                seen: t(20)
+            }
+        );
         let text = serde_json::to_string(&out).unwrap();
         assert_eq!(parse(Some(&text)).unwrap(), out);
-        assert!(parse(Some("{not json")).unwrap_err().contains(OPERATORS_ANNOTATION));
+        assert!(parse(Some("{not json"))
+            .unwrap_err()
+            .contains(OPERATORS_ANNOTATION));
     }
 }

@@ -9,13 +9,13 @@
 pub mod compare;
 mod delete;
 mod drive;
+pub mod foreign;
 mod integrity;
 mod plan;
 mod prereq;
 mod status;
 pub mod workload;
 mod zone_gate;
-pub mod foreign;
 
 use std::time::Duration;
 
@@ -484,7 +484,9 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         (Some(report), _) => Ok(report),
         // A deleted fleet is not held hostage by a damaged or missing journal: its deletion
         // runs in a fresh journal that keeps the claims (integrity.rs).
-        (None, Some(_)) if run.fleet.meta().deletion_timestamp.is_some() => delete::drive(&mut run).await,
+        (None, Some(_)) if run.fleet.meta().deletion_timestamp.is_some() => {
+            delete::drive(&mut run).await
+        }
         (None, Some(report)) => Ok(report),
         (None, None) => reconcile_steps(&mut run).await,
     };

@@ -16,7 +16,49 @@ use std::sync::{LazyLock, OnceLock};
 use std::time::{Duration, Instant};
 
 pub const IMAGE_REPO: &str = "celld.test/noprocess";
-pub static SERIAL: LazyLock<tokio::sync::Mutex<()>> = LazyLock::new(|| tokio::sync::Mutex::new(()));
+/// Tests run side by side, each with operators scoped to its own namespace (see [`setup`]);
+/// a test whose operator watches every namespace takes this exclusively.
+static ISOLATION: LazyLock<tokio::sync::RwLock<()>> =
+    LazyLock::new(|| tokio::sync::RwLock::new(()));
+
+/// Held by a test whose operators watch only its namespace: runs beside the others.
+pub async fn isolated() -> tokio::sync::RwLockReadGuard<'static, ()> {
+    ISOLATION.read().await
+}
+
+/// Held by a test whose operator watches every namespace: runs alone.
+pub async fn exclusive() -> tokio::sync::RwLockWriteGuard<'static, ()> {
+    ISOLATION.write().await
+}
+
+/// The test running on this thread (each `#[tokio::test]` runs on its own thread), set by
+/// [`setup`]: its namespace, and the metrics address of the operators it starts.
+struct Current {
+    ns: String,
+    metrics: String,
+}
+
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Current>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The namespace of the test on this thread.
+pub fn test_namespace() -> String {
+    CURRENT
+        .with(|c| c.borrow().as_ref().map(|c| c.ns.clone()))
+        .expect("setup() first")
+}
+
+/// The Lease name of this test's operators: one installation per test, so tests that run
+/// side by side never contend for one Lease.
+pub fn lease_name() -> String {
+    format!("celld-operator-{}", test_namespace())
+}
+
+/// The work folder of this test's operators (logs, journal mirrors).
+pub fn test_dir() -> PathBuf {
+    work_dir().join(test_namespace())
+}
 pub static KUBELET: OnceLock<TestKubelet> = OnceLock::new();
 
 pub fn image(n: u8) -> String {
@@ -30,10 +72,11 @@ pub fn image(n: u8) -> String {
     )
 }
 
-/// Where the operator under test serves /metrics.
+/// Where the operators of the test on this thread serve /metrics (one at a time).
 pub fn metrics_addr() -> String {
-    static ADDR: LazyLock<String> = LazyLock::new(free_loopback_addr);
-    ADDR.clone()
+    CURRENT
+        .with(|c| c.borrow().as_ref().map(|c| c.metrics.clone()))
+        .expect("setup() first")
 }
 
 /// A loopback address the kernel reports free right now (the operator refuses to start when
@@ -114,9 +157,13 @@ impl Operator {
             kubeconfig: kubeconfig.into(),
             operator_namespace: operator_ns.into(),
             identity: identity.into(),
-            work_dir: work_dir(),
+            work_dir: test_dir(),
             metrics_addr: Some(metrics_addr()),
             fault_point: fault_point.map(str::to_string),
+            extra_args: vec![
+                format!("--lease-name={}", lease_name()),
+                format!("--watch-namespaces={}", test_namespace()),
+            ],
             ..Default::default()
         }
     }
@@ -168,6 +215,12 @@ pub async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
     kubelet();
     let client = c.admin_client().await.unwrap();
     let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    CURRENT.with(|cur| {
+        *cur.borrow_mut() = Some(Current {
+            ns: ns.name.clone(),
+            metrics: free_loopback_addr(),
+        })
+    });
     c.kubectl(&[
         "create",
         "namespace",
