@@ -97,6 +97,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     );
 
     // A restart token is applied once: the template write carries it, status reports it.
+    let restart_at = chrono::Utc::now();
     api.patch(
         "beta",
         &PatchParams::default(),
@@ -116,6 +117,18 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
         audit_writes(c, &ns.name, "statefulsets", "beta", Some(&restart_marker)),
         1
     );
+    // The rolling restart replaced one member at a time, highest ordinal first: each Pod
+    // deleted and created again before the next one was deleted.
+    let expected: Vec<(String, String)> = (0..4)
+        .rev()
+        .flat_map(|i| {
+            [
+                ("delete".to_string(), format!("beta-{i}")),
+                ("create".to_string(), format!("beta-{i}")),
+            ]
+        })
+        .collect();
+    assert_eq!(rollout_sequence(c, &ns.name, restart_at), expected);
     let writes_before = audit_writes(c, &ns.name, "statefulsets", "beta", None);
     drop(_op);
     for _ in 0..2 {
@@ -130,11 +143,15 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
 
     // Deletion: workload, claims, prerequisites, finalizer; the reservation stays.
     let _op = Operator::start(None);
+    let deleted_at = chrono::Utc::now();
     api.delete("beta", &Default::default()).await.unwrap();
     until("the fleet to be gone", 120, &api, "beta", || async {
         api.get_opt("beta").await.ok()?.is_none().then_some(())
     })
     .await;
+    // From the audit log: the workload, then the 4 claims, then the 4 prerequisites, then
+    // the finalizer, each phase finished before the next began.
+    assert_teardown_order(c, &ns.name, deleted_at, 4);
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
         .list(&ListParams::default())
         .await
@@ -480,18 +497,30 @@ async fn pause_cancels_an_operation_still_in_intent() {
         let _op = Operator::start(None);
         create_ready(
             &api,
-            &fleet("zeta", "PersistentFleet", 3, &unique_bucket("pz")),
-            3,
+            &fleet("zeta", "PersistentFleet", 4, &unique_bucket("pz")),
+            4,
         )
         .await;
     }
     let writes = audit_writes(c, &ns.name, "statefulsets", "zeta", None);
     let mut op = Operator::start(Some("after-intent"));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=4"])
+    // A contraction (scenario 15), killed right after its Intent.
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=3"])
         .unwrap();
     assert_eq!(op.exited(Duration::from_secs(60)).await, 3);
     drop(op);
+    // The journal's last entry is that contraction's Intent, nothing after it.
+    let journal = celld_operator::journal_store::load(&api.get("zeta").await.unwrap()).unwrap();
+    let last = journal.document().entries().last().unwrap().clone();
+    match last.body() {
+        journal::EntryBody::Intent(i) => assert_eq!(
+            (i.kind.to_string(), i.from, i.to),
+            ("Scale".to_string(), 4, 3),
+            "{i:?}"
+        ),
+        other => panic!("the last entry is {other:?}, not the contraction's Intent"),
+    }
     api.patch(
         "zeta",
         &PatchParams::default(),
@@ -545,7 +574,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     let st = api.get("zeta").await.unwrap().status.unwrap();
     assert!(st.current_operation.is_none(), "{:?}", st.current_operation);
     assert_ne!(st.last_restart_token.as_deref(), Some("paused-1"));
-    // Unpausing resumes: the growth, the restart and the repair are planned and complete.
+    // Unpausing resumes: the contraction, the restart and the repair are planned and complete.
     api.patch(
         "zeta",
         &PatchParams::default(),
@@ -574,7 +603,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
                 .clone()?
                 .period_seconds;
             (s.current_operation.is_none()
-                && s.ready_replicas == Some(4)
+                && s.ready_replicas == Some(3)
                 && s.last_restart_token.as_deref() == Some("paused-1")
                 && period == Some(2))
             .then_some(())
@@ -583,11 +612,11 @@ async fn pause_cancels_an_operation_still_in_intent() {
     .await;
 
     // Pause after issue does not stop an operation: killed right after its replica write,
-    // the operator restarts into a paused fleet and still completes the contraction.
+    // the operator restarts into a paused fleet and still completes the growth.
     drop(running);
     let mut op = Operator::start(Some("after-effect"));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=3"])
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/zeta", "--replicas=4"])
         .unwrap();
     assert_eq!(op.exited(Duration::from_secs(60)).await, 3);
     drop(op);
@@ -606,7 +635,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
         "zeta",
         || async {
             let s = api.get("zeta").await.ok()?.status?;
-            if s.current_operation.is_some() || s.ready_replicas != Some(3) {
+            if s.current_operation.is_some() || s.ready_replicas != Some(4) {
                 return None;
             }
             s.recent_operations
