@@ -1950,11 +1950,13 @@ async fn claim_uids_of(client: &Client, ns: &str, name: &str, n: i32) -> Vec<Opt
     out
 }
 
-/// Every object of the fleet equals the operator's own rendering (behavior.md §4, compared as
-/// §4.4 "Equal"): NetworkPolicy, PDB, both Services and the workload's spec.
+/// The live objects of fleet `name` (3 members, zones a/b/c, azCount 3, Strict placement, as
+/// built by `fleet()`: a PersistentFleet, a Bucket Deployment or an Ordered Bucket StatefulSet)
+/// equal the objects written out below by hand from the rendering rules (behavior.md §4,
+/// runtime.md §3), not from the operator's own renderer:
+/// every field written here must be present with an equal value (lists element by element);
+/// fields the API server adds are ignored.
 async fn assert_rendered(client: &Client, ns: &str, name: &str) {
-    use celld_operator::reconcile::compare::{first_difference, rendered_matches};
-    use celld_operator::render::{self, FleetRef, RenderSettings, Workload};
     let f = Api::<CelldFleet>::namespaced(client.clone(), ns)
         .get(name)
         .await
@@ -1965,60 +1967,236 @@ async fn assert_rendered(client: &Client, ns: &str, name: &str) {
         .as_ref()
         .and_then(|s| s.reservation.clone())
         .unwrap();
-    let fr = FleetRef {
-        name,
-        namespace: ns,
-        uid: &uid,
-        spec: &f.spec,
-    };
-    let settings = RenderSettings {
-        operator_namespace: "celld-e2e".into(),
-        local_test: true,
-    };
-    fn check(what: &str, want: Value, live: Value) {
-        assert!(
-            rendered_matches(&want["spec"], &live["spec"]),
-            "{what} differs from the rendering at {:?}:\nwant {}\nlive {}",
-            first_difference(&want["spec"], &live["spec"], "spec"),
-            want["spec"],
-            live["spec"]
-        );
+    let spec = serde_json::to_value(&f.spec).unwrap();
+    let exec = &spec["execution"];
+    let persistent = spec["profile"] == "PersistentFleet";
+    let ordered = spec["bucketWorkload"] == "Ordered";
+    let label = json!({"celld.eric.dev/fleet-uid": uid});
+    let peers = format!("{name}-peers");
+    let meta = |n: &str| json!({"name": n, "namespace": ns, "labels": label});
+    let network_policy = json!({
+        "metadata": meta(name),
+        "spec": {
+            "podSelector": {"matchLabels": label},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {"from": [
+                    {"podSelector": {"matchLabels": label}},
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "celld-e2e"}},
+                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "celld-operator"}}}],
+                 "ports": [{"protocol": "TCP", "port": 8081}]},
+                {"from": [{"podSelector": {"matchLabels": {"celld.eric.dev/client-of": name}}}],
+                 "ports": [{"protocol": "TCP", "port": 8080}]}
+            ],
+            "egress": [
+                {"to": [{"podSelector": {"matchLabels": label}}],
+                 "ports": [{"protocol": "TCP", "port": 8081}]},
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                         "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                {"ports": [{"protocol": "TCP", "port": 443}]},
+                {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}],
+                 "ports": [{"protocol": "TCP", "port": 80}]},
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "celld-test-store"}},
+                         "podSelector": {"matchLabels": {"app": "minio"}}}],
+                 "ports": [{"protocol": "TCP", "port": 9000}]}
+            ]
+        }
+    });
+    let pdb = json!({
+        "metadata": meta(name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": label}}
+    });
+    let service = json!({
+        "metadata": meta(name),
+        "spec": {"type": "ClusterIP", "selector": label,
+                 "ports": [{"name": "application", "port": 8080, "targetPort": 8080, "protocol": "TCP"}]}
+    });
+    let peers_service = json!({
+        "metadata": meta(&peers),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": true, "selector": label,
+                 "ports": [{"name": "peer", "port": 8081, "targetPort": 8081, "protocol": "TCP", "appProtocol": "tcp"}]}
+    });
+    let field = |path: &str| json!({"fieldRef": {"apiVersion": "v1", "fieldPath": path}});
+    let shutdown_ms = spec["lifecycle"]["shutdownSeconds"].as_i64().unwrap() * 1000;
+    let env = json!([
+        {"name": "POD_IP", "valueFrom": field("status.podIP")},
+        {"name": "CELLD_NODE", "valueFrom": field(if persistent { "metadata.name" } else { "metadata.uid" })},
+        {"name": "CELLD_ADVERTISE", "value": if persistent {
+            format!("$(CELLD_NODE).{peers}.{ns}.svc:8081")
+        } else {
+            "$(POD_IP):8081".to_string()
+        }},
+        {"name": "CELLD_BUCKET", "value": format!("s3://{}", spec["storage"]["bucket"].as_str().unwrap())},
+        {"name": "AWS_REGION", "value": "us-east-1"},
+        {"name": "CELLD_DURABILITY", "value": if persistent { "fleet" } else { "bucket" }},
+        {"name": "CELLD_ADDR", "value": "0.0.0.0:8080"},
+        {"name": "CELLD_INTERNAL_ADDR", "value": "0.0.0.0:8081"},
+        {"name": "CELLD_WATCH", "value": "/work"},
+        {"name": "CELLD_TTL_MS", "value": "10000"},
+        {"name": "CELLD_SHUTDOWN_TOTAL_MS", "value": shutdown_ms.to_string()},
+        {"name": "CELLD_TOKIO_THREADS", "value": "2"},
+        {"name": "S3_ENDPOINT", "value": "http://minio.celld-test-store.svc:9000"},
+        {"name": "AWS_ALLOW_HTTP", "value": "true"},
+        {"name": "AWS_ACCESS_KEY_ID", "value": "celld-test"},
+        {"name": "AWS_SECRET_ACCESS_KEY", "value": "celld-test-secret"}
+    ]);
+    let mut template = json!({
+                "metadata": {"labels": label},
+                "spec": {
+                    "serviceAccountName": "celld",
+                    "automountServiceAccountToken": false,
+                    "terminationGracePeriodSeconds": spec["lifecycle"]["terminationGraceSeconds"],
+                    "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                                        "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "affinity": {
+                        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                            {"matchExpressions": [
+                                {"key": "topology.kubernetes.io/zone", "operator": "In",
+                                 "values": ["us-east-1a", "us-east-1b", "us-east-1c"]},
+                                {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}},
+                        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": label}}]}
+                    },
+                    "topologySpreadConstraints": [{
+                        "topologyKey": "topology.kubernetes.io/zone", "maxSkew": 1,
+                        "whenUnsatisfiable": "DoNotSchedule", "minDomains": 3,
+                        "nodeAffinityPolicy": "Honor", "nodeTaintsPolicy": "Honor",
+                        "labelSelector": {"matchLabels": label}}],
+                    "containers": [{
+                        "name": "celld",
+                        "image": image(1),
+                        "imagePullPolicy": "IfNotPresent",
+                        "ports": [{"name": "application", "containerPort": 8080, "protocol": "TCP"},
+                                  {"name": "peer", "containerPort": 8081, "protocol": "TCP"}],
+                        "env": env,
+                        "readinessProbe": {"httpGet": {"path": "/.well-known/celld/health", "port": 8080, "scheme": "HTTP"},
+                                           "periodSeconds": 2, "timeoutSeconds": 1, "failureThreshold": 3, "successThreshold": 1},
+                        "resources": {"requests": {"cpu": exec["cpuRequest"], "memory": exec["memoryRequest"]},
+                                      "limits": {"memory": exec["memoryLimit"]}},
+                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "data", "mountPath": "/work"}]
+                    }]
+                }
+    });
+    let pod = &mut template["spec"];
+    if !persistent {
+        // Bucket: scratch on an emptyDir, limited and requested as ephemeral storage
+        // (sizeGiB without `scratch`).
+        pod["volumes"] = json!([{"name": "data", "emptyDir": {"sizeLimit": "1Gi"}}]);
+        let r = &mut pod["containers"][0]["resources"];
+        r["requests"]["ephemeral-storage"] = json!("1Gi");
+        r["limits"]["ephemeral-storage"] = json!("1Gi");
     }
+    if ordered {
+        // Ordered Bucket with Strict placement: the zone gate instead of a spread constraint.
+        pod.as_object_mut()
+            .unwrap()
+            .remove("topologySpreadConstraints");
+        pod["schedulingGates"] = json!([{"name": "celld.eric.dev/bucket-zone"}]);
+    }
+    let (workload_kind, workload) = if persistent || ordered {
+        let mut w = json!({
+            "metadata": meta(name),
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": label},
+                "serviceName": peers,
+                "podManagementPolicy": "Parallel",
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+                "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+                "template": template
+            }
+        });
+        if persistent {
+            w["spec"]["volumeClaimTemplates"] = json!([{
+                "metadata": {"name": "data", "labels": label,
+                             "annotations": {"celld.eric.dev/storage-reservation": reservation}},
+                "spec": {"accessModes": ["ReadWriteOncePod"], "storageClassName": "celld-test-hostpath",
+                         "resources": {"requests": {"storage": "1Gi"}}}
+            }]);
+        }
+        ("statefulset", w)
+    } else {
+        (
+            "deployment",
+            json!({
+                "metadata": meta(name),
+                "spec": {
+                    "replicas": 3,
+                    "selector": {"matchLabels": label},
+                    "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}},
+                    "template": template
+                }
+            }),
+        )
+    };
     let get = |kind: &str, n: &str| {
         let out = cluster()
             .kubectl(&["-n", ns, "get", kind, n, "-o", "json"])
             .unwrap();
         serde_json::from_str::<Value>(&out).unwrap()
     };
-    check(
-        "NetworkPolicy",
-        serde_json::to_value(render::network_policy(&fr, &settings)).unwrap(),
-        get("networkpolicy", name),
+    for (kind, n, want) in [
+        ("networkpolicy", name, network_policy),
+        ("poddisruptionbudget", name, pdb),
+        ("service", name, service),
+        ("service", peers.as_str(), peers_service),
+        (workload_kind, name, workload),
+    ] {
+        let live = get(kind, n);
+        if let Err(at) = contains(&want, &live, kind) {
+            panic!("{kind} {n} differs from behavior.md §4 at {at}:\nwant {want:#}\nlive {live:#}");
+        }
+        // §4: no owner references; labels are the fleet label only.
+        assert!(
+            live["metadata"]["ownerReferences"].is_null(),
+            "{kind} {n} has owner references"
+        );
+        assert_eq!(live["metadata"]["labels"], label, "{kind} {n} labels");
+    }
+    // The Pod template carries no restart token until one is applied, and no probes but readiness.
+    let live = get(workload_kind, name);
+    let c = &live["spec"]["template"]["spec"]["containers"][0];
+    assert!(
+        c["livenessProbe"].is_null() && c["startupProbe"].is_null(),
+        "{c}"
     );
-    check(
-        "PodDisruptionBudget",
-        serde_json::to_value(render::pod_disruption_budget(&fr)).unwrap(),
-        get("poddisruptionbudget", name),
+    assert!(c["command"].is_null() && c["args"].is_null(), "{c}");
+    assert!(
+        live["spec"]["template"]["metadata"]["annotations"]["celld.eric.dev/restart-token"]
+            .is_null()
     );
-    check(
-        "Service",
-        serde_json::to_value(render::service(&fr)).unwrap(),
-        get("service", name),
-    );
-    check(
-        "peers Service",
-        serde_json::to_value(render::peers_service(&fr)).unwrap(),
-        get("service", &format!("{name}-peers")),
-    );
-    let sts = render::uses_statefulset(&f.spec);
-    let live = get(if sts { "statefulset" } else { "deployment" }, name);
-    let token = live["spec"]["template"]["metadata"]["annotations"]["celld.eric.dev/restart-token"]
-        .as_str()
-        .map(str::to_string);
-    let template = render::pod_template(&fr, &settings, token.as_deref());
-    let want = match render::render_workload(&fr, f.spec.replicas, template, &reservation) {
-        Workload::StatefulSet(w) => serde_json::to_value(*w).unwrap(),
-        Workload::Deployment(w) => serde_json::to_value(*w).unwrap(),
-    };
-    check("workload", want, live);
+    if persistent {
+        assert!(
+            live["spec"]["template"]["spec"]["volumes"].is_null(),
+            "no scratch volume on a PersistentFleet"
+        );
+    }
+}
+
+/// `want` ⊆ `live`: every key of an object present and equal; lists of equal length, element
+/// by element; scalars equal (numbers by value). `Err(path)` names the first difference.
+fn contains(want: &Value, live: &Value, path: &str) -> Result<(), String> {
+    match (want, live) {
+        (Value::Object(w), Value::Object(l)) => {
+            for (k, v) in w {
+                let at = format!("{path}.{k}");
+                contains(v, l.get(k).unwrap_or(&Value::Null), &at)?;
+            }
+            Ok(())
+        }
+        (Value::Array(w), Value::Array(l)) => {
+            if w.len() != l.len() {
+                return Err(format!("{path} (length {} vs {})", w.len(), l.len()));
+            }
+            for (i, (a, b)) in w.iter().zip(l).enumerate() {
+                contains(a, b, &format!("{path}[{i}]"))?;
+            }
+            Ok(())
+        }
+        (Value::Number(a), Value::Number(b)) if a.as_f64() == b.as_f64() => Ok(()),
+        (a, b) if a == b => Ok(()),
+        _ => Err(path.to_string()),
+    }
 }

@@ -361,11 +361,7 @@ pub fn audit_time(e: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>
 
 /// Accepted requests in namespace `ns` received at or after `since`, in order of receipt:
 /// (time, verb, resource, subresource, name, userAgent, request object).
-pub fn audit_since(
-    c: &Cluster,
-    ns: &str,
-    since: chrono::DateTime<chrono::Utc>,
-) -> Vec<AuditEvent> {
+pub fn audit_since(c: &Cluster, ns: &str, since: chrono::DateTime<chrono::Utc>) -> Vec<AuditEvent> {
     let mut out: Vec<AuditEvent> = celld_harness::audit::accepted(c)
         .into_iter()
         .filter(|e| e["objectRef"]["namespace"] == ns)
@@ -374,8 +370,14 @@ pub fn audit_since(
             (at >= since).then(|| AuditEvent {
                 at,
                 verb: e["verb"].as_str().unwrap_or_default().into(),
-                resource: e["objectRef"]["resource"].as_str().unwrap_or_default().into(),
-                subresource: e["objectRef"]["subresource"].as_str().unwrap_or_default().into(),
+                resource: e["objectRef"]["resource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
+                subresource: e["objectRef"]["subresource"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .into(),
                 name: e["objectRef"]["name"]
                     .as_str()
                     .or_else(|| e["requestObject"]["metadata"]["name"].as_str())
@@ -423,7 +425,9 @@ pub fn rollout_sequence(
 ) -> Vec<(String, String)> {
     audit_since(c, ns, since)
         .into_iter()
-        .filter(|e| e.by_statefulset_controller() && e.resource == "pods" && e.subresource.is_empty())
+        .filter(|e| {
+            e.by_statefulset_controller() && e.resource == "pods" && e.subresource.is_empty()
+        })
         .filter(|e| e.verb == "delete" || e.verb == "create")
         .map(|e| (e.verb, e.name))
         .collect()
