@@ -479,16 +479,17 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         run.ensure_mirrored().await?;
     }
     // 2. Another operator installation on this fleet stops everything, deletion included.
-    let foreign = foreign::check(&mut run).await?;
-    let steps = match (foreign, unusable) {
-        (Some(report), _) => Ok(report),
+    // (Its errors, a 403 included, are reported like those of the steps.)
+    let steps = match (foreign::check(&mut run).await, unusable) {
+        (Err(e), _) => Err(e),
+        (Ok(Some(report)), _) => Ok(report),
         // A deleted fleet is not held hostage by a damaged or missing journal: its deletion
         // runs in a fresh journal that keeps the claims (integrity.rs).
-        (None, Some(_)) if run.fleet.meta().deletion_timestamp.is_some() => {
+        (Ok(None), Some(_)) if run.fleet.meta().deletion_timestamp.is_some() => {
             delete::drive(&mut run).await
         }
-        (None, Some(report)) => Ok(report),
-        (None, None) => reconcile_steps(&mut run).await,
+        (Ok(None), Some(report)) => Ok(report),
+        (Ok(None), None) => reconcile_steps(&mut run).await,
     };
     let report = match steps {
         Ok(r) => r,
