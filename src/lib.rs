@@ -9,6 +9,7 @@ pub mod controller;
 pub mod failpoint;
 pub mod journal_store;
 pub mod leader;
+pub mod member;
 pub mod metrics;
 pub mod reconcile;
 pub mod render;

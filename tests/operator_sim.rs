@@ -514,3 +514,115 @@ async fn drills_at_every_failpoint_keep_every_acknowledged_id() {
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }
+
+/// The operator's member client (`celld_operator::member`) against simulator members on the
+/// real cluster, over their Pod IPs: every member's `/state` validates (schema 1, a generation
+/// of its own, strict removal offered, `node` = Pod name, no operation); a strict removal of
+/// one member becomes a proof for its operation id and generation only; a request with another
+/// generation is a conflict; repeating the request returns the same terminal result.
+#[tokio::test]
+async fn the_member_client_reads_state_and_recognises_a_strict_removal_proof() {
+    use celld_operator::member::{self, NotAProof, Phase, Posted};
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = fleet_namespace(bed, &client, "sim-member").await;
+    let bucket = bed.unique_bucket("opsimm").unwrap();
+    let op = OperatorProcess::start(&operator_options(bed, "sim-member", &ns.name, None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let placement = json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"});
+    api.create(
+        &PostParams::default(),
+        &sim_fleet("eps", 3, &bucket, placement),
+    )
+    .await
+    .unwrap();
+    wait_settled(&api, "eps", 3, &op.log).await;
+    // Paused: the operator starts nothing while a member is stranded by hand below.
+    api.patch(
+        "eps",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
+    )
+    .await
+    .unwrap();
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name);
+    let mut generations = std::collections::BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("eps-{i}");
+        let pod = pods.get(&name).await.unwrap();
+        let ip: std::net::IpAddr = pod.status.unwrap().pod_ip.unwrap().parse().unwrap();
+        let s = member::state(ip, &name).await.unwrap();
+        assert_eq!(s.node.as_deref(), Some(name.as_str()));
+        assert!(s.shutdown.strict_disk_removal && !s.shutdown.control_only);
+        assert_eq!(s.shutdown.operation, None);
+        // The member's own name is the only one its answer is accepted for.
+        let e = member::state(ip, "someone-else").await.unwrap_err();
+        assert!(e.0.contains("not \"someone-else\""), "{e}");
+        generations.insert(name, (ip, s.shutdown.runtime_generation));
+    }
+    let distinct: std::collections::BTreeSet<_> = generations.values().map(|(_, g)| g).collect();
+    assert_eq!(
+        distinct.len(),
+        3,
+        "one generation per process: {generations:?}"
+    );
+
+    let (ip, generation) = generations["eps-2"].clone();
+    let id = uuid::Uuid::new_v4().to_string();
+    match member::remove_disk(ip, &id, &generation).await {
+        Posted::Accepted(s) => {
+            let o = s.operation.expect("the accepted removal");
+            assert_eq!(
+                (o.operation_id.as_str(), o.expected_generation.as_str()),
+                (id.as_str(), generation.as_str())
+            );
+        }
+        other => panic!("POST answered {other:?}"),
+    }
+    // Another operation at a generation the process does not have: 409.
+    let other = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        member::remove_disk(ip, &other, "not-this-process").await,
+        Posted::Conflict
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let proof = loop {
+        let s = member::state(ip, "eps-2").await.unwrap();
+        match member::check_proof(&s.shutdown, &id, &generation) {
+            Ok(()) => break s,
+            Err(e) if e.may_still_come() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("no proof: {e}"),
+        }
+    };
+    assert!(proof.shutdown.control_only);
+    assert!(matches!(
+        member::check_proof(&proof.shutdown, &other, &generation),
+        Err(NotAProof::OtherOperation { .. })
+    ));
+    assert!(matches!(
+        member::check_proof(&proof.shutdown, &id, &generations["eps-1"].1),
+        Err(NotAProof::Generation { .. })
+    ));
+    // The same request again: the terminal result, not a new removal.
+    match member::remove_disk(ip, &id, &generation).await {
+        Posted::Accepted(s) => assert_eq!(s.operation.unwrap().phase, Phase::DataSafe),
+        other => panic!("repeated POST answered {other:?}"),
+    }
+    // The other members are untouched: no operation, not control-only.
+    for name in ["eps-0", "eps-1"] {
+        let (ip, g) = &generations[name];
+        let s = member::state(*ip, name).await.unwrap();
+        assert_eq!(
+            (
+                &s.shutdown.runtime_generation,
+                s.shutdown.operation.is_none()
+            ),
+            (g, true)
+        );
+    }
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
