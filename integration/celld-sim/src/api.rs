@@ -203,6 +203,26 @@ fn state(node: &Node) -> HandlerResult {
             v["node"] = json!(format!("{}-impostor", node.cfg.node));
             serde_json::to_string(&v).expect("json")
         }
+        StateFault::OtherOperationId => {
+            if let Some(id) = v["shutdown"]["operation"]["operation_id"].as_str() {
+                v["shutdown"]["operation"]["operation_id"] = json!(format!("other-{id}"));
+            }
+            serde_json::to_string(&v).expect("json")
+        }
+        StateFault::OtherGeneration => {
+            v["shutdown"]["runtime_generation"] = json!(format!("{}-other", node.generation));
+            serde_json::to_string(&v).expect("json")
+        }
+        StateFault::NotControlOnly => {
+            v["shutdown"]["control_only"] = json!(false);
+            serde_json::to_string(&v).expect("json")
+        }
+        StateFault::Blocker => {
+            if v["shutdown"]["operation"].is_object() {
+                v["shutdown"]["operation"]["blocker"] = json!("sim fault: blocker");
+            }
+            serde_json::to_string(&v).expect("json")
+        }
         StateFault::StaleSampledMs => {
             if v.get("node_load").is_some() {
                 v["node_load"]["sampled_ms"] = json!(now_ms().saturating_sub(3_600_000));

@@ -28,6 +28,14 @@ pub enum StateFault {
     WrongNode,
     Redirect,
     StaleSampledMs,
+    /// A running removal is reported under another operation id.
+    OtherOperationId,
+    /// `runtime_generation` is reported as another one (as after a restart).
+    OtherGeneration,
+    /// `control_only` stays false, even once the removal is terminal.
+    NotControlOnly,
+    /// A running removal names a blocker, even once `data_safe`.
+    Blocker,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +98,7 @@ impl fmt::Display for ReadyFault {
     }
 }
 
-const STATE_FAULTS: [(&str, StateFault); 10] = [
+const STATE_FAULTS: [(&str, StateFault); 14] = [
     ("ok", StateFault::Ok),
     ("eof", StateFault::Eof),
     ("oversize", StateFault::Oversize),
@@ -101,6 +109,10 @@ const STATE_FAULTS: [(&str, StateFault); 10] = [
     ("wrong_node", StateFault::WrongNode),
     ("redirect", StateFault::Redirect),
     ("stale_sampled_ms", StateFault::StaleSampledMs),
+    ("other_operation_id", StateFault::OtherOperationId),
+    ("other_generation", StateFault::OtherGeneration),
+    ("not_control_only", StateFault::NotControlOnly),
+    ("blocker", StateFault::Blocker),
 ];
 
 impl FromStr for StateFault {
