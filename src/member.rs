@@ -90,7 +90,9 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Unknown> {
     }
 }
 
-/// Builds a `Value`, refusing duplicate object keys at any depth.
+/// Builds a `Value`, refusing duplicate object keys at any depth. (The journal crate's JSON
+/// tree also keeps duplicates, but for its canonical hashing: it keeps no value for
+/// non-integer numbers, which a member's load figures may be, so it is not reused here.)
 struct StrictVisitor;
 
 impl<'de> serde::de::Visitor<'de> for StrictVisitor {

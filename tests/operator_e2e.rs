@@ -97,7 +97,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     );
 
     // A restart token is applied once: the template write carries it, status reports it.
-    let restart_at = chrono::Utc::now();
+    let restart_audit = audit_from_now();
     api.patch(
         "beta",
         &PatchParams::default(),
@@ -128,7 +128,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
             ]
         })
         .collect();
-    assert_eq!(rollout_sequence(c, &ns.name, restart_at), expected);
+    assert_eq!(rollout_sequence(&restart_audit, &ns.name), expected);
     let writes_before = audit_writes(c, &ns.name, "statefulsets", "beta", None);
     drop(_op);
     for _ in 0..2 {
@@ -143,7 +143,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
 
     // Deletion: workload, claims, prerequisites, finalizer; the reservation stays.
     let _op = Operator::start(None);
-    let deleted_at = chrono::Utc::now();
+    let delete_audit = audit_from_now();
     api.delete("beta", &Default::default()).await.unwrap();
     until("the fleet to be gone", 120, &api, "beta", || async {
         api.get_opt("beta").await.ok()?.is_none().then_some(())
@@ -151,7 +151,7 @@ async fn persistent_fleet_provisions_scales_restarts_once_and_deletes_keeping_th
     .await;
     // From the audit log: the workload, then the 4 claims, then the 4 prerequisites, then
     // the finalizer, each phase finished before the next began.
-    assert_teardown_order(c, &ns.name, deleted_at, 4);
+    assert_teardown_order(&delete_audit, &ns.name, 4);
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
         .list(&ListParams::default())
         .await
@@ -860,7 +860,7 @@ async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
 async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     let _guard = isolated().await;
     let (c, client, ns) = setup("ha").await;
-    let started = chrono::Utc::now();
+    let audit = audit_from_now();
     let admin = c.admin_kubeconfig.clone();
     let _ = c.kubectl(&["create", "namespace", "celld-e2e-ha"]);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
@@ -889,7 +889,8 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         3,
         "replica-a dies after the template write"
     );
-    let a_died = chrono::Utc::now();
+    // Everything the API server accepted while replica-a held the Lease.
+    let while_a_led = audit.events().unwrap();
     until(
         "the upgrade to complete under replica-b",
         120,
@@ -907,29 +908,24 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
     .await;
     // While replica-a held the Lease, the standby wrote nothing at all (fleet, workload,
     // Lease, Events: every request carries its identity in the User-Agent).
-    // (The audit log spans earlier runs; this test's requests are those after `started`.)
-    let at = |e: &Value| {
-        e["requestReceivedTimestamp"]
-            .as_str()
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-            .map(|t| t.with_timezone(&chrono::Utc))
+    let by_b = |events: Vec<AuditEvent>| -> Vec<AuditEvent> {
+        events
+            .into_iter()
+            .filter(|e| e.succeeded() && e.is_write() && e.user_agent.contains("(replica-b)"))
+            .collect()
     };
-    let by_b: Vec<Value> = celld_harness::audit::writes_by(c, "(replica-b)")
-        .into_iter()
-        .filter(|e| at(e).is_some_and(|t| t >= started))
-        .collect();
-    let before: Vec<_> = by_b
+    let before: Vec<String> = by_b(while_a_led)
         .iter()
-        .filter(|e| at(e).is_some_and(|t| t < a_died))
-        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
         .collect();
     assert!(
         before.is_empty(),
         "the standby wrote while the leader lived: {before:?}"
     );
     assert!(
-        by_b.iter()
-            .any(|e| e["objectRef"]["namespace"] == ns.name.as_str()),
+        by_b(audit.events().unwrap())
+            .iter()
+            .any(|e| e.namespace.as_deref() == Some(ns.name.as_str())),
         "the standby's own writes are visible in the audit log once it leads"
     );
     let marker = marker_of(c, &ns.name, "statefulset", "lam");

@@ -608,18 +608,19 @@ async fn the_member_client_reads_state_and_recognises_a_strict_removal_proof() {
     ));
     // A member that misreports (the simulator's fault switches, reachable only through its
     // own control API) never gives a proof, and each answer says why.
+    let sim = celld_testbed::Member::new(ip);
     for (fault, why) in [
         ("other_operation_id", "not"),
         ("other_generation", "process restarted"),
         ("not_control_only", "not control-only"),
         ("blocker", "blocker: sim fault: blocker"),
     ] {
-        put_faults(ip, &format!(r#"{{"state": "{fault}"}}"#)).await;
+        sim.set_faults(&json!({"state": fault})).await.unwrap();
         let s = member::state(ip, "eps-2").await.unwrap();
         let e = member::check_proof(&s.shutdown, &id, &generation).unwrap_err();
         assert!(e.to_string().contains(why), "{fault}: {e}");
     }
-    put_faults(ip, r#"{"state": "ok"}"#).await;
+    sim.set_faults(&json!({"state": "ok"})).await.unwrap();
     member::check_proof(
         &member::state(ip, "eps-2").await.unwrap().shutdown,
         &id,
@@ -645,21 +646,4 @@ async fn the_member_client_reads_state_and_recognises_a_strict_removal_proof() {
     }
     ns.delete_and_wait().await.unwrap();
     drop(op);
-}
-
-/// `PUT /sim/faults` on a simulator member's internal port (plain HTTP/1.1).
-async fn put_faults(ip: std::net::IpAddr, body: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut sock = tokio::net::TcpStream::connect((ip, 8081)).await.unwrap();
-    let req = format!(
-        "PUT /sim/faults HTTP/1.1\r\nhost: {ip}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    sock.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    sock.read_to_string(&mut out).await.unwrap();
-    assert!(
-        out.starts_with("HTTP/1.1 200"),
-        "PUT /sim/faults {body}: {out}"
-    );
 }

@@ -58,8 +58,8 @@ pub fn parse(value: Option<&str>) -> Result<Records, String> {
 }
 
 /// The installations seen within `window` before `now`, from the journal's entries and the
-/// annotation: Lease → (holder, newest time). Entries without a Lease (older releases) and
-/// records from the future beyond the window are counted at their time like any other.
+/// annotation: Lease → (holder, newest time). Entries without a Lease (older releases) name
+/// no installation.
 pub fn recent(
     entries: &[Entry],
     records: &Records,
@@ -228,10 +228,8 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             .patch(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .ctx(|| format!("recording this installation in {OPERATORS_ANNOTATION}"))?;
-        if let Ok(mut s) = run.ctx.announced.lock() {
-            s.insert(run.uid.clone());
-        }
-    } else if let Ok(mut s) = run.ctx.announced.lock() {
+    }
+    if let Ok(mut s) = run.ctx.announced.lock() {
         s.insert(run.uid.clone());
     }
     let Some(message) = message else {

@@ -351,100 +351,62 @@ pub async fn claim_uid(client: &Client, ns: &str, name: &str) -> Option<String> 
         .and_then(|c| c.uid())
 }
 
-/// The time the API server received an audited request.
-pub fn audit_time(e: &serde_json::Value) -> Option<chrono::DateTime<chrono::Utc>> {
-    e["requestReceivedTimestamp"]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&chrono::Utc))
+pub use celld_testbed::audit::{AuditEvent, AuditLog};
+
+/// The audit log of the test control plane from now on (see [`AuditLog::since_now`]).
+pub fn audit_from_now() -> AuditLog {
+    AuditLog::since_now(cluster().work_dir.join("audit/audit.log")).expect("the audit log")
 }
 
-/// Accepted requests in namespace `ns` received at or after `since`, in order of receipt:
-/// (time, verb, resource, subresource, name, userAgent, request object).
-pub fn audit_since(c: &Cluster, ns: &str, since: chrono::DateTime<chrono::Utc>) -> Vec<AuditEvent> {
-    let mut out: Vec<AuditEvent> = celld_harness::audit::accepted(c)
+/// Sent by the operator (any replica: `celld-operator/<version> (<identity>)`).
+pub fn by_operator(e: &AuditEvent) -> bool {
+    e.user_agent.starts_with("celld-operator/")
+}
+
+/// Accepted requests in namespace `ns` since `log` was marked, in the order they completed.
+fn accepted_in(log: &AuditLog, ns: &str) -> Vec<AuditEvent> {
+    log.events()
+        .expect("the audit log")
         .into_iter()
-        .filter(|e| e["objectRef"]["namespace"] == ns)
-        .filter_map(|e| {
-            let at = audit_time(&e)?;
-            (at >= since).then(|| AuditEvent {
-                at,
-                verb: e["verb"].as_str().unwrap_or_default().into(),
-                resource: e["objectRef"]["resource"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .into(),
-                subresource: e["objectRef"]["subresource"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .into(),
-                name: e["objectRef"]["name"]
-                    .as_str()
-                    .or_else(|| e["requestObject"]["metadata"]["name"].as_str())
-                    .unwrap_or_default()
-                    .into(),
-                agent: e["userAgent"].as_str().unwrap_or_default().into(),
-                body: e["requestObject"].clone(),
-            })
-        })
-        .collect();
-    out.sort_by_key(|e| e.at);
-    out
+        .filter(|e| e.succeeded() && e.namespace.as_deref() == Some(ns))
+        .collect()
 }
 
-/// One audited request (see [`audit_since`]).
-#[derive(Debug, Clone)]
-pub struct AuditEvent {
-    pub at: chrono::DateTime<chrono::Utc>,
-    pub verb: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-    pub agent: String,
-    pub body: serde_json::Value,
-}
-
-impl AuditEvent {
-    /// Sent by the operator (any replica).
-    pub fn by_operator(&self) -> bool {
-        self.agent.starts_with("celld-operator/")
-    }
-    /// Sent by the StatefulSet controller.
-    pub fn by_statefulset_controller(&self) -> bool {
-        self.agent.contains("statefulset-controller")
-    }
-}
-
-/// The StatefulSet controller's Pod deletes and creates in `ns` since `since`, as
+/// The StatefulSet controller's Pod deletes and creates in `ns` since `log` was marked, as
 /// `("delete"|"create", pod name)` in order: a rolling update shows one member at a time,
 /// highest ordinal first, as `delete m-3, create m-3, delete m-2, create m-2, …`.
-pub fn rollout_sequence(
-    c: &Cluster,
-    ns: &str,
-    since: chrono::DateTime<chrono::Utc>,
-) -> Vec<(String, String)> {
-    audit_since(c, ns, since)
+pub fn rollout_sequence(log: &AuditLog, ns: &str) -> Vec<(String, String)> {
+    accepted_in(log, ns)
         .into_iter()
         .filter(|e| {
-            e.by_statefulset_controller() && e.resource == "pods" && e.subresource.is_empty()
+            e.user_agent.contains("statefulset-controller")
+                && e.resource == "pods"
+                && e.subresource.is_none()
+                && (e.verb == "delete" || e.verb == "create")
         })
-        .filter(|e| e.verb == "delete" || e.verb == "create")
-        .map(|e| (e.verb, e.name))
+        .map(|e| {
+            let name = e.name.clone().or_else(|| {
+                e.request_object
+                    .as_ref()
+                    .and_then(|o| o["metadata"]["name"].as_str().map(str::to_string))
+            });
+            (e.verb, name.unwrap_or_default())
+        })
         .collect()
 }
 
 /// The order the operator tore a fleet down in, from its accepted deletes and fleet patches
-/// in `ns` since `since`: one label per request (`workload`, `claim`, `prerequisite`,
-/// `finalizer` for the fleet patch that removed the lifecycle finalizer).
-pub fn teardown_sequence(
-    c: &Cluster,
-    ns: &str,
-    since: chrono::DateTime<chrono::Utc>,
-) -> Vec<(chrono::DateTime<chrono::Utc>, &'static str, String)> {
-    audit_since(c, ns, since)
+/// in `ns` since `log` was marked: one label per request (`workload`, `claim`,
+/// `prerequisite`, `finalizer` for the fleet patch that removed the lifecycle finalizer).
+pub fn teardown_sequence(log: &AuditLog, ns: &str) -> Vec<(&'static str, String)> {
+    accepted_in(log, ns)
         .into_iter()
-        .filter(|e| e.by_operator())
+        .filter(by_operator)
         .filter_map(|e| {
+            let finalizers = e
+                .request_object
+                .as_ref()
+                .and_then(|o| o["metadata"]["finalizers"].as_array().cloned());
             let label = match (e.verb.as_str(), e.resource.as_str()) {
                 ("delete", "statefulsets" | "deployments") => "workload",
                 ("delete", "persistentvolumeclaims") => "claim",
@@ -452,34 +414,28 @@ pub fn teardown_sequence(
                     "prerequisite"
                 }
                 ("patch" | "update", "celldfleets")
-                    if e.subresource.is_empty()
-                        && e.body["metadata"]["finalizers"].is_array()
-                        && !e.body["metadata"]["finalizers"]
-                            .as_array()
-                            .unwrap()
-                            .iter()
-                            .any(|f| f == "celld.eric.dev/lifecycle-protection") =>
+                    if e.subresource.is_none()
+                        && finalizers.as_ref().is_some_and(|f| {
+                            !f.iter().any(|f| f == "celld.eric.dev/lifecycle-protection")
+                        }) =>
                 {
                     "finalizer"
                 }
                 _ => return None,
             };
-            Some((e.at, label, format!("{} {}/{}", e.verb, e.resource, e.name)))
+            Some((
+                label,
+                format!("{} {}/{}", e.verb, e.resource, e.name.unwrap_or_default()),
+            ))
         })
         .collect()
 }
 
-/// Asserts the teardown order of behavior.md's Delete: workload, then claims (when
-/// `claims`), then Services/NetworkPolicy/PDB, then the finalizer, each phase complete
-/// before the next starts.
-pub fn assert_teardown_order(
-    c: &Cluster,
-    ns: &str,
-    since: chrono::DateTime<chrono::Utc>,
-    claims: usize,
-) {
-    let seq = teardown_sequence(c, ns, since);
-    let labels: Vec<&str> = seq.iter().map(|(_, l, _)| *l).collect();
+/// Asserts the teardown order of a Delete: workload, then claims (`claims` of them), then
+/// Services/NetworkPolicy/PDB, then the finalizer, each phase complete before the next starts.
+pub fn assert_teardown_order(log: &AuditLog, ns: &str, claims: usize) {
+    let seq = teardown_sequence(log, ns);
+    let labels: Vec<&str> = seq.iter().map(|(l, _)| *l).collect();
     let mut expected = vec!["workload"];
     expected.extend(std::iter::repeat_n("claim", claims));
     expected.extend(["prerequisite"; 4]);

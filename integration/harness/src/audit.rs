@@ -19,26 +19,6 @@ fn succeeded(c: &Cluster) -> Vec<Value> {
         .collect()
 }
 
-/// Every request the API server accepted (status below 300), in the log's order.
-pub fn accepted(c: &Cluster) -> Vec<Value> {
-    succeeded(c)
-}
-
-/// Accepted writes (create, update, patch, delete) sent with a User-Agent containing
-/// `agent`: the operator sends `celld-operator/<version> (<identity>)`, so `"(replica-b)"`
-/// selects one replica's writes.
-pub fn writes_by(c: &Cluster, agent: &str) -> Vec<Value> {
-    succeeded(c)
-        .into_iter()
-        .filter(|e| {
-            matches!(
-                e["verb"].as_str(),
-                Some("create" | "update" | "patch" | "delete" | "deletecollection")
-            ) && e["userAgent"].as_str().is_some_and(|a| a.contains(agent))
-        })
-        .collect()
-}
-
 fn names(e: &Value, ns: &str, resource: &str, name: &str) -> bool {
     e["objectRef"]["namespace"] == ns
         && e["objectRef"]["resource"] == resource

@@ -57,6 +57,8 @@ pub struct AuditEvent {
     pub request_object: Option<Value>,
     /// When the request was received (RFC 3339).
     pub received: String,
+    /// The client's User-Agent (the operator sends `celld-operator/<version> (<identity>)`).
+    pub user_agent: String,
 }
 
 impl AuditEvent {
@@ -85,6 +87,7 @@ impl AuditEvent {
             request_uri: s(&v["requestURI"]).unwrap_or_default(),
             request_object: v.get("requestObject").cloned(),
             received: s(&v["requestReceivedTimestamp"]).unwrap_or_default(),
+            user_agent: s(&v["userAgent"]).unwrap_or_default(),
         })
     }
 
