@@ -280,14 +280,15 @@ pub enum NotAProof {
 
 impl NotAProof {
     /// Whether waiting can still turn this into a proof (draining); otherwise the operation
-    /// is `Blocked` and the disk kept.
+    /// is `Blocked` and the disk kept. `NotControlOnly` is only reported for a removal that
+    /// says `data_safe` (the phase is checked first): a contradiction, never a reason to wait.
     pub fn may_still_come(&self) -> bool {
         matches!(
             self,
             NotAProof::NotDataSafe {
                 phase: Phase::Draining,
                 ..
-            } | NotAProof::NotControlOnly
+            }
         )
     }
 }

@@ -88,6 +88,7 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
             decided_on_resource_version: Some("10".into()),
             result_resource_version: Some("11".into()),
             replayed: false,
+            target: None,
         }),
         EntryBody::Observed(Observed {
             note: "rollout done".into(),

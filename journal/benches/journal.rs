@@ -40,6 +40,7 @@ fn operation(n: u64) -> Vec<(OperationId, EntryBody)> {
             decided_on_resource_version: Some(format!("{}", 1000 + n)),
             result_resource_version: Some(format!("{}", 1001 + n)),
             replayed,
+            target: None,
         })
     };
     let mut intent = Intent {

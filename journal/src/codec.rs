@@ -413,6 +413,7 @@ fn body_json(body: &EntryBody) -> Json {
                 i.result_resource_version.as_deref(),
             )
             .bool("replayed", i.replayed)
+            .opt_field("target", i.target.as_ref().map(target_json))
             .build(),
         EntryBody::ProofCaptured(p) => b
             .str("member", &p.member)
@@ -449,6 +450,20 @@ fn target_json(t: &Target) -> Json {
         .opt_str("claimUID", t.claim_uid.as_deref())
         .opt_str("claimResourceVersion", t.claim_resource_version.as_deref())
         .build()
+}
+
+fn target_from(mut t: Fields) -> Result<Target, DecodeError> {
+    let target = Target {
+        pod: t.req_nonempty_str("pod")?,
+        pod_uid: t.opt_str("podUID")?,
+        pod_ip: t.opt_str("podIP")?,
+        runtime_generation: t.opt_str("runtimeGeneration")?,
+        claim: t.opt_str("claim")?,
+        claim_uid: t.opt_str("claimUID")?,
+        claim_resource_version: t.opt_str("claimResourceVersion")?,
+    };
+    t.finish()?;
+    Ok(target)
 }
 
 fn proof_json(p: &Proof) -> Json {
@@ -493,20 +508,7 @@ fn entry_from_json(value: Json, path: String) -> Result<Entry, DecodeError> {
                 .req_array("targets")?
                 .into_iter()
                 .enumerate()
-                .map(|(i, v)| {
-                    let mut t = Fields::new(v, format!("{targets_path}[{i}]"))?;
-                    let target = Target {
-                        pod: t.req_nonempty_str("pod")?,
-                        pod_uid: t.opt_str("podUID")?,
-                        pod_ip: t.opt_str("podIP")?,
-                        runtime_generation: t.opt_str("runtimeGeneration")?,
-                        claim: t.opt_str("claim")?,
-                        claim_uid: t.opt_str("claimUID")?,
-                        claim_resource_version: t.opt_str("claimResourceVersion")?,
-                    };
-                    t.finish()?;
-                    Ok(target)
-                })
+                .map(|(i, v)| target_from(Fields::new(v, format!("{targets_path}[{i}]"))?))
                 .collect::<Result<Vec<_>, DecodeError>>()?;
             EntryBody::Intent(Intent {
                 kind,
@@ -527,6 +529,10 @@ fn entry_from_json(value: Json, path: String) -> Result<Entry, DecodeError> {
             decided_on_resource_version: f.opt_str("decidedOnResourceVersion")?,
             result_resource_version: f.opt_str("resultResourceVersion")?,
             replayed: f.req_bool("replayed")?,
+            target: match f.take("target") {
+                None => None,
+                Some(v) => Some(target_from(Fields::new(v, f.field_path("target"))?)?),
+            },
         }),
         EntryType::ProofCaptured => {
             let member = f.req_nonempty_str("member")?;

@@ -125,6 +125,8 @@ pub struct EffectRecord {
     pub step: Step,
     /// Which entry type recorded it.
     pub source: EffectSource,
+    /// `Issued.target`: the member's identity a re-asked `proof/<member>` was sent to.
+    pub target: Option<Target>,
 }
 
 /// The closing entry of an operation.
@@ -301,6 +303,39 @@ impl Operation {
     /// Seq of its newest entry.
     pub fn last_seq(&self) -> Seq {
         self.entries.last().map_or(self.intent_seq, |e| e.seq())
+    }
+
+    /// Seq of the newest record of `step` (`Issued`, `ClaimRetired` or `Recovered`).
+    pub fn last_record_seq(&self, step: &Step) -> Option<Seq> {
+        self.last_record_of(step)
+    }
+
+    /// Seq of the newest `ProofCaptured` for `member`.
+    pub fn last_proof_seq(&self, member: &str) -> Option<Seq> {
+        self.proofs
+            .iter()
+            .rev()
+            .find(|(_, p)| p.member == member)
+            .map(|(s, _)| *s)
+    }
+
+    /// The identity of target `member` that its proof must come from: the one recorded by the
+    /// newest `proof/<member>` sent to a new identity (after a retry restarted the member),
+    /// else the Intent's.
+    pub fn reference_target(&self, member: &str) -> Option<Target> {
+        let step = Step::Proof(member.to_owned());
+        self.effects
+            .iter()
+            .rev()
+            .filter(|e| e.step == step)
+            .find_map(|e| e.target.clone())
+            .or_else(|| {
+                self.intent
+                    .targets
+                    .iter()
+                    .find(|t| t.pod == member)
+                    .cloned()
+            })
     }
 
     fn last_record_of(&self, step: &Step) -> Option<Seq> {
@@ -878,6 +913,7 @@ impl Fold {
                     seq,
                     step: r.effect.step.clone(),
                     source: EffectSource::Recovered,
+                    target: None,
                 });
                 f.entries.push(entry.clone());
             }
@@ -900,16 +936,19 @@ impl Fold {
                 source: EffectSource::Issued {
                     replayed: x.replayed,
                 },
+                target: x.target.clone(),
             }),
             EntryBody::Recovered(x) => o.effects.push(EffectRecord {
                 seq,
                 step: x.effect.step.clone(),
                 source: EffectSource::Recovered,
+                target: None,
             }),
             EntryBody::ClaimRetired(x) => o.effects.push(EffectRecord {
                 seq,
                 step: Step::Retire(x.claim.clone()),
                 source: EffectSource::ClaimRetired,
+                target: None,
             }),
             EntryBody::ProofCaptured(x) => o.proofs.push((seq, x.clone())),
             EntryBody::Observed(x) => o.observed = Some((seq, x.note.clone())),

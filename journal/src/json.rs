@@ -63,6 +63,12 @@ impl ObjBuilder {
             None => self,
         }
     }
+    pub(crate) fn opt_field(self, key: &str, value: Option<Json>) -> Self {
+        match value {
+            Some(v) => self.field(key, v),
+            None => self,
+        }
+    }
     pub(crate) fn int(self, key: &str, value: impl Into<i128>) -> Self {
         self.field(key, Json::Int(value.into()))
     }

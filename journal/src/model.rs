@@ -526,6 +526,10 @@ pub struct Issued {
     pub result_resource_version: Option<String>,
     /// True when a restarted manager found the effect already in the world.
     pub replayed: bool,
+    /// The member's identity the step was sent to, when it differs from the Intent's: a
+    /// `proof/<member>` asked again after a retry restarted the member (new Pod UID, IP and
+    /// runtime generation). Encoded only when set, so older entries keep their hashes.
+    pub target: Option<Target>,
 }
 
 /// `ProofCaptured`: a strict data-safe proof is held for a member.

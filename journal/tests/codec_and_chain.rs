@@ -617,3 +617,53 @@ fn the_fuzzing_seed_documents_are_valid_journals() {
     }
     assert_eq!(documents, 3);
 }
+
+#[test]
+fn a_re_asked_proof_records_the_members_new_identity_and_older_issued_entries_keep_their_hashes() {
+    let seal_issued = |target: Option<Target>| {
+        chain::seal(
+            0,
+            Hash::ZERO,
+            NewEntry {
+                at: t(0),
+                op: op(1),
+                leader: leader(),
+                body: EntryBody::Issued(Issued {
+                    step: Step::Proof("beta-2".into()),
+                    effect: Effect::new(op(1), Step::Proof("beta-2".into())),
+                    decided_on_resource_version: None,
+                    result_resource_version: None,
+                    replayed: false,
+                    target,
+                }),
+            },
+        )
+    };
+    let plain = seal_issued(None);
+    assert!(
+        !plain.to_json().contains("\"target\""),
+        "{}",
+        plain.to_json()
+    );
+    let again = seal_issued(Some(Target {
+        pod: "beta-2".into(),
+        pod_uid: Some("uid-new".into()),
+        pod_ip: Some("127.0.0.9".into()),
+        runtime_generation: Some("gen-2".into()),
+        ..Target::default()
+    }));
+    assert!(
+        again.to_json().contains(
+            "\"target\":{\"pod\":\"beta-2\",\"podIP\":\"127.0.0.9\",\"podUID\":\"uid-new\",\"runtimeGeneration\":\"gen-2\"}"
+        ),
+        "{}",
+        again.to_json()
+    );
+    assert_ne!(plain.hash(), again.hash());
+    let back = decode_entry(again.to_json()).unwrap();
+    assert_eq!(back, again);
+    assert_eq!(chain::recompute(&back), again.hash());
+    // Unknown keys inside the target are refused, as everywhere else.
+    let bad = again.to_json().replace("\"podIP\"", "\"podIp\"");
+    assert!(decode_entry(&bad).is_err());
+}

@@ -561,6 +561,7 @@ impl Harness {
                 decided_on_resource_version: Some("5".into()),
                 result_resource_version: (!replayed).then(|| "6".to_owned()),
                 replayed,
+                target: None,
             }),
         };
         // Guarded write, step 2: already in the world → record it, write nothing.

@@ -128,6 +128,7 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
             decided_on_resource_version: rv,
             result_resource_version: None,
             replayed,
+            target: None,
         })
     };
     if let Some(w) = &live {
@@ -227,6 +228,7 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
                 decided_on_resource_version: None,
                 result_resource_version: None,
                 replayed: false,
+                target: None,
             }),
         )
         .await?;

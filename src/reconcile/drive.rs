@@ -26,18 +26,28 @@ use crate::render::{self, claim_name, uses_statefulset, FleetRef, Workload};
 
 /// The workload as rendered for `replicas` with `token` in the Pod template.
 fn rendered(run: &Run<'_>, replicas: i32, token: Option<&str>) -> Workload {
+    rendered_with(run, &run.fleet.spec, replicas, token)
+}
+
+/// The workload as rendered from `spec` (e.g. with the image an Intent recorded).
+pub(super) fn rendered_with(
+    run: &Run<'_>,
+    spec: &crate::api::CelldFleetSpec,
+    replicas: i32,
+    token: Option<&str>,
+) -> Workload {
     let f = FleetRef {
         name: &run.name,
         namespace: &run.ns,
         uid: &run.uid,
-        spec: &run.fleet.spec,
+        spec,
     };
     let template = render::pod_template(&f, &run.ctx.render, token);
-    let reservation = CelldStorageReservation::name_for_bucket(&run.fleet.spec.storage.bucket);
+    let reservation = CelldStorageReservation::name_for_bucket(&spec.storage.bucket);
     render::render_workload(&f, replicas, template, &reservation)
 }
 
-fn live_token(live: &LiveWorkload) -> Option<String> {
+pub(super) fn live_token(live: &LiveWorkload) -> Option<String> {
     live.template()?
         .metadata
         .as_ref()?
@@ -198,6 +208,9 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     if op.kind == OperationKind::Delete {
         return super::delete::drive(run).await;
     }
+    if super::strict::is_strict(&op.intent) {
+        return super::strict::drive(run, &op).await;
+    }
     if !op.issued && effect_landed(run, &op).await? {
         // Killed after its write (`after-effect`): the operation is issued in the world even
         // though the journal has no `Issued` yet. Record it as replayed before any cancel or
@@ -354,7 +367,7 @@ fn superseded(run: &Run<'_>, op: &OpenOp) -> Option<String> {
 }
 
 /// Cancel rules before issue (behavior.md §3.4).
-fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
+pub(super) fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
     let spec = &run.fleet.spec;
     if spec.maintenance.as_ref().is_some_and(|m| m.paused) {
         return Some(CancelReason::CanceledBeforeIssue);
@@ -367,7 +380,15 @@ fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
     let changed = match op.kind {
         OperationKind::Scale if op.intent.to > op.intent.from => spec.replicas <= op.intent.from,
         OperationKind::Scale => spec.replicas >= op.intent.from,
-        OperationKind::Restart => token != op.intent.token,
+        OperationKind::Restart => {
+            let coordinated_now = spec
+                .maintenance
+                .as_ref()
+                .is_some_and(|m| m.allow_coordinated_downtime);
+            token != op.intent.token
+                || coordinated_now != super::strict::is_strict(&op.intent)
+                || (coordinated_now && spec.runtime_image != op.intent.image)
+        }
         OperationKind::Upgrade => spec.runtime_image != op.intent.image,
         _ => false,
     };
@@ -604,6 +625,7 @@ fn issued(
         decided_on_resource_version: decided,
         result_resource_version: result,
         replayed,
+        target: None,
     })
 }
 
@@ -849,6 +871,8 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             .is_some_and(|m| m.allow_coordinated_downtime),
         persistent: spec.profile == Profile::PersistentFleet,
         kept_ordinals: kept,
+        retire: spec.profile == Profile::PersistentFleet
+            && spec.storage.on_scale_in == Some(crate::api::OnScaleIn::Retire),
     };
     let decision = plan(&desired, view.as_ref());
     tracing::debug!(?desired, ?view, ?decision, "planned");
@@ -873,9 +897,17 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             to,
             token,
             image,
+            strict,
         } => {
             let mut targets = Vec::new();
-            if kind == OperationKind::Scale && to < from && sts {
+            let mut reason = None;
+            if strict {
+                match super::strict::open_targets(run, kind, from).await? {
+                    Ok(t) => targets = t,
+                    Err(report) => return Ok(report),
+                }
+                reason = Some(super::strict::reason_for(run, kind).to_string());
+            } else if kind == OperationKind::Scale && to < from && sts {
                 // The StatefulSet removes the highest ordinal: record its identity now.
                 let victim = format!("{}-{}", run.name, to);
                 let pod = Api::<Pod>::namespaced(client.clone(), &run.ns)
@@ -905,7 +937,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             // Every operation but a contraction creates Pods or claims: the ServiceAccount and
             // StorageClass are read fresh right before it is decided (behavior.md §1 "Reads").
             let contraction = kind == OperationKind::Scale && to < from;
-            if !contraction {
+            if !contraction && !strict {
                 if let Some(report) = super::prereq::identity_and_storage(run).await? {
                     return Ok(report);
                 }
@@ -918,8 +950,11 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 to,
                 token,
                 image,
-                reason: None,
-                deadline: run.ctx.deadline(run.now, None),
+                deadline: run.ctx.deadline(
+                    run.now,
+                    (strict && kind == OperationKind::Restart).then_some(targets.len() as u32),
+                ),
+                reason,
                 targets,
                 workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
                 predecessor_effect: run.journal.predecessor_effect(),

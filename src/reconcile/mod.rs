@@ -14,6 +14,7 @@ mod integrity;
 mod plan;
 mod prereq;
 mod status;
+mod strict;
 pub mod workload;
 mod zone_gate;
 
@@ -173,6 +174,8 @@ pub(crate) struct Run<'a> {
     /// The fleet's journal annotation is damaged or missing (`JournalInvalid`,
     /// `JournalMissing`): `journal` is a fresh one, used only to journal a deletion.
     pub journal_unusable: bool,
+    /// Look again after exactly this long (a member's `/state` is polled every second).
+    pub requeue: Option<Duration>,
 }
 
 impl Run<'_> {
@@ -474,6 +477,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         name: name.into(),
         uid,
         journal_unusable: unusable.is_some(),
+        requeue: None,
     };
     if !run.journal_unusable {
         run.ensure_mirrored().await?;
@@ -551,6 +555,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     Ok(
         match (report.class, run.journal.fold().current().is_some()) {
             _ if report.reason == "ForeignOperator" => Next::After(ctx.foreign_window / 4),
+            _ if run.requeue.is_some() => Next::After(run.requeue.unwrap_or(SOON)),
             (Class::Done, false) => Next::Later,
             (Class::Blocked | Class::BlockedInfraReady, _) => Next::Blocked,
             _ => Next::Soon,

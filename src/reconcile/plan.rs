@@ -41,6 +41,9 @@ pub struct Desired {
     pub persistent: bool,
     /// Ordinals that have a kept claim (labelled, not terminating).
     pub kept_ordinals: Vec<i32>,
+    /// PersistentFleet with `storage.onScaleIn: Retire`: contractions retire the removed
+    /// member's disk after a strict proof.
+    pub retire: bool,
 }
 
 /// The planner's decision.
@@ -58,6 +61,8 @@ pub enum Plan {
         token: Option<String>,
         /// Image carried by the template write.
         image: Option<String>,
+        /// A strict operation (proofs first): a Retire contraction or a coordinated restart.
+        strict: bool,
     },
     /// Nothing to do: the fleet is settled.
     Settled,
@@ -97,8 +102,7 @@ pub fn provision_target(d: &Desired) -> i32 {
     }
 }
 
-/// The next operation (behavior.md §3.1; replacement and coordinated restart are not part
-/// of this build and are reported, never guessed at).
+/// The next operation (behavior.md §3.1; member replacement is not part of this build).
 pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
     let Some(live) = live else {
         return Plan::Open {
@@ -107,15 +111,26 @@ pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
             to: provision_target(d),
             token: None,
             image: None,
+            strict: false,
         };
     };
     let new_token = token_requested(d, live);
     if new_token && d.coordinated {
-        return Plan::Unsupported(
-            "allowCoordinatedDowntime asks for a coordinated restart, which this build does not perform; \
-             set it to false for a rolling restart"
-                .into(),
-        );
+        // One coordinated Restart carries the token and, changed in the same edit, the image.
+        if !live.rolled_out {
+            return Plan::Wait(
+                "Waiting until the last change has rolled out before the coordinated restart"
+                    .into(),
+            );
+        }
+        return Plan::Open {
+            kind: OperationKind::Restart,
+            from: live.applied,
+            to: live.applied,
+            token: d.token.clone(),
+            image: Some(d.image.clone()),
+            strict: true,
+        };
     }
     let image_changed = live.live_image.as_deref() != Some(d.image.as_str());
     if image_changed || new_token || !live.template_current {
@@ -137,6 +152,7 @@ pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
             to: live.applied,
             token,
             image: Some(d.image.clone()),
+            strict: false,
         };
     }
     if d.replicas > live.applied {
@@ -157,6 +173,7 @@ pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
             to,
             token: None,
             image: None,
+            strict: false,
         };
     }
     if d.replicas < live.applied {
@@ -172,6 +189,8 @@ pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
             to: live.applied - 1,
             token: None,
             image: None,
+            // A never-placed member holds no data: removed without a proof (behavior.md §7).
+            strict: d.retire && !live.highest_never_placed,
         };
     }
     Plan::Settled
@@ -190,6 +209,7 @@ mod tests {
             coordinated: false,
             persistent: true,
             kept_ordinals: vec![],
+            retire: false,
         }
     }
 
@@ -278,7 +298,8 @@ mod tests {
                 from: 3,
                 to: 3,
                 token: Some("t1".into()),
-                image: Some("img@sha256:b".into())
+                image: Some("img@sha256:b".into()),
+                strict: false,
             }
         );
         let mut d = desired(3);
@@ -310,11 +331,67 @@ mod tests {
     }
 
     #[test]
-    fn coordinated_restarts_are_reported_not_guessed() {
+    fn a_new_token_with_coordinated_downtime_opens_one_strict_restart_carrying_a_new_image_too() {
         let mut d = desired(3);
         d.token = Some("t1".into());
         d.coordinated = true;
-        assert!(matches!(plan(&d, Some(&live(3))), Plan::Unsupported(_)));
+        d.image = "img@sha256:b".into();
+        assert_eq!(
+            plan(&d, Some(&live(3))),
+            Plan::Open {
+                kind: OperationKind::Restart,
+                from: 3,
+                to: 3,
+                token: Some("t1".into()),
+                image: Some("img@sha256:b".into()),
+                strict: true,
+            }
+        );
+        let mut l = live(3);
+        l.rolled_out = false;
+        assert!(matches!(plan(&d, Some(&l)), Plan::Wait(m) if m.contains("coordinated")));
+        // A lone image change under allowCoordinatedDowntime rolls (behavior.md §8.1).
+        d.token = None;
+        assert!(matches!(
+            plan(&d, Some(&live(3))),
+            Plan::Open {
+                kind: OperationKind::Upgrade,
+                strict: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn retire_contractions_are_strict_unless_the_member_was_never_placed() {
+        let mut d = desired(2);
+        d.retire = true;
+        assert!(matches!(
+            plan(&d, Some(&live(3))),
+            Plan::Open {
+                kind: OperationKind::Scale,
+                from: 3,
+                to: 2,
+                strict: true,
+                ..
+            }
+        ));
+        let mut l = live(3);
+        l.rolled_out = false;
+        l.highest_never_placed = true;
+        assert!(matches!(
+            plan(&d, Some(&l)),
+            Plan::Open {
+                kind: OperationKind::Scale,
+                strict: false,
+                ..
+            }
+        ));
+        d.retire = false;
+        assert!(matches!(
+            plan(&d, Some(&live(3))),
+            Plan::Open { strict: false, .. }
+        ));
     }
 
     #[test]

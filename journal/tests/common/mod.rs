@@ -66,6 +66,7 @@ pub fn issued(op: OperationId, step: &str) -> EntryBody {
         decided_on_resource_version: Some("100".into()),
         result_resource_version: Some("101".into()),
         replayed: false,
+        target: None,
     })
 }
 
