@@ -5,137 +5,20 @@
 use std::time::{Duration, Instant};
 
 use celld_harness::audit::{self, marker_of};
-use celld_harness::operator::{verify_journal, OperatorOptions, OperatorProcess};
-use celld_harness::TestNamespace;
+use celld_harness::operator::{verify_journal, OperatorProcess};
 use celld_operator::api::CelldFleet;
 use celld_sim::ledger::Ledger;
 use celld_testbed::sampler::Expect;
-use celld_testbed::{TestBed, RUNTIME_IMAGE, RUNTIME_REPOSITORY, STORAGE_CLASS};
-use k8s_openapi::api::core::v1::ServiceAccount;
+use celld_testbed::{TestBed, RUNTIME_REPOSITORY};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
 use serde_json::json;
+
+mod sim_common;
+use sim_common::*;
 
 // Each test runs its own operator installation (its own Lease namespace) scoped to the
 // test's namespace with --watch-namespaces, so no operator acts on another test's fleet
 // (failpoints count only its own fleets' boundaries) and the tests run side by side.
-
-/// Polls `check` every 500 ms until it holds, or fails naming `what` and the operator log.
-async fn poll_until<F, Fut>(what: &str, secs: u64, log: &std::path::Path, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !check().await {
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; operator log: {}",
-            log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-async fn wait_settled(api: &Api<CelldFleet>, name: &str, n: i32, log: &std::path::Path) {
-    poll_until(
-        &format!("{name} to settle at {n} ready members"),
-        180,
-        log,
-        || async {
-            let status = api.get(name).await.ok().and_then(|f| f.status);
-            status.is_some_and(|s| {
-                s.current_operation.is_none()
-                    && s.ready_replicas == Some(n)
-                    && s.applied_replicas == Some(n)
-            })
-        },
-    )
-    .await
-}
-
-/// UIDs of the fleet's claims, by name.
-async fn claim_uids(client: &Client, ns: &str) -> std::collections::BTreeMap<String, String> {
-    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), ns)
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| (c.name_any(), c.uid().unwrap_or_default()))
-        .collect()
-}
-
-async fn member_urls(bed: &TestBed, client: &Client, ns: &str, n: i32) -> Vec<String> {
-    fleet_member_urls(bed, client, ns, "beta", n).await
-}
-
-async fn fleet_member_urls(
-    bed: &TestBed,
-    client: &Client,
-    ns: &str,
-    fleet: &str,
-    n: i32,
-) -> Vec<String> {
-    let names: Vec<String> = (0..n).map(|i| format!("{fleet}-{i}")).collect();
-    bed.member_urls(client, ns, &names)
-        .await
-        .expect("member URLs")
-}
-
-/// A test namespace with the fleets' ServiceAccount `celld`, and the operator's Lease
-/// namespace `celld-<tag>`.
-async fn fleet_namespace(bed: &TestBed, client: &Client, tag: &str) -> TestNamespace {
-    let ns = bed.namespace(client, tag).await.unwrap();
-    let _ = bed
-        .cluster
-        .kubectl(&["create", "namespace", &format!("celld-{tag}")]);
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap();
-    ns
-}
-
-/// The operator of test `tag`: Lease in `celld-<tag>`, its own identity, log and mirror.
-fn operator_options(
-    bed: &TestBed,
-    tag: &str,
-    ns: &str,
-    fault_point: Option<&str>,
-) -> OperatorOptions {
-    OperatorOptions {
-        binary: env!("CARGO_BIN_EXE_celld-operator").into(),
-        kubeconfig: bed.kubeconfig().into(),
-        operator_namespace: format!("celld-{tag}"),
-        identity: format!("celld-operator-{tag}"),
-        work_dir: bed
-            .cluster
-            .work_dir
-            .join(format!("operator-{tag}-{}", std::process::id())),
-        fault_point: fault_point.map(str::to_string),
-        // Scoped to the test's namespace: the suite's tests run side by side.
-        extra_args: vec![format!("--watch-namespaces={ns}")],
-        ..Default::default()
-    }
-}
-
-/// A PersistentFleet of simulator members with `placement`.
-fn sim_fleet(name: &str, replicas: i32, bucket: &str, placement: serde_json::Value) -> CelldFleet {
-    serde_json::from_value(json!({
-        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
-        "metadata": {"name": name},
-        "spec": {"profile": "PersistentFleet", "runtimeImage": RUNTIME_IMAGE, "replicas": replicas,
-                 "serviceAccountName": "celld",
-                 "storage": {"bucket": bucket, "region": "us-east-1", "storageClassName": STORAGE_CLASS, "sizeGiB": 1},
-                 "placement": placement,
-                 "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
-                 "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
-    }))
-    .unwrap()
-}
 
 #[tokio::test]
 async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction_and_restart() {
@@ -369,19 +252,6 @@ const FAILPOINTS: [&str; 5] = [
     "after-effect",
     "before-complete",
 ];
-
-/// The operation that wrote effect `marker` (`<op>/<effect>`) is among the fleet's recent
-/// operations, with outcome `Succeeded`, and nothing is open.
-async fn finished(api: &Api<CelldFleet>, name: &str, marker: &str) -> bool {
-    let op = marker.split('/').next().unwrap_or_default();
-    let Some(s) = api.get(name).await.ok().and_then(|f| f.status) else {
-        return false;
-    };
-    s.current_operation.is_none()
-        && s.recent_operations
-            .iter()
-            .any(|o| o.id == op && o.outcome == "Succeeded")
-}
 
 /// The drills with simulator members: a rolling Restart, an Upgrade, a TemplateUpdate
 /// (a hand edit of the StatefulSet's template, repaired) and a Scale step (growth onto a

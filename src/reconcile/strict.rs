@@ -441,6 +441,8 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
         if let Some(report) = gather_proofs(run, &o).await? {
             return Ok(report);
         }
+        // The proofs just captured are part of the operation the guard checks.
+        let o = current(run, &o);
         return destroy(run, &o).await;
     }
     // 4. No Pod with a target's UID remains.

@@ -3,7 +3,8 @@
 //! The API server writes one JSON object per line to `<cluster work dir>/audit/audit.log`
 //! (policy: `integration/cluster/audit-policy.yaml`; mode `blocking`, so an event is in the file
 //! before the client sees the response). Writes to StatefulSets, Deployments, ReplicaSets, their
-//! scale subresources and the celld resources are logged with the request body; writes to Pods,
+//! scale subresources and the celld resources are logged with the request body, and so are deletes
+//! of Pods and claims (their `DeleteOptions` carry the preconditions); other writes to Pods,
 //! claims, PVs, Services, PDBs and NetworkPolicies with metadata only.
 //!
 //! [`AuditLog::since_now`] remembers the current end of the file, so a test only sees the
@@ -53,7 +54,8 @@ pub struct AuditEvent {
     pub code: Option<u16>,
     /// The request URI.
     pub request_uri: String,
-    /// The request body (level `Request` only: workloads and celld resources).
+    /// The request body (level `Request` only: workloads, celld resources, and the
+    /// `DeleteOptions` of Pod and claim deletes).
     pub request_object: Option<Value>,
     /// When the request was received (RFC 3339).
     pub received: String,
