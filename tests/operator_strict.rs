@@ -356,10 +356,11 @@ async fn retire_failure_modes_remove_nothing_and_journal_retry_completes_them() 
             heal: json!({"state": "ok"}),
         },
         FailureMode {
+            // The removal takes 25 s: the member fences itself (exit 3, lease TTL 10 s) first.
             name: "a member partitioned from the store mid-removal (scenario 25)",
-            before: json!({"removal_delay_ms": 4000}),
+            before: json!({"removal_delay_ms": 25000}),
             during: Some(json!({"store": "partition"})),
-            cause: "",
+            cause: "generation",
             heal: json!({"store": "ok"}),
         },
     ];
@@ -436,6 +437,19 @@ async fn retire_failure_modes_remove_nothing_and_journal_retry_completes_them() 
         .await;
         let o = newest_op(&api, "phi").await.unwrap();
         assert!(o.blocked().is_some(), "{what}: {:?}", o.entries());
+        if mode.name.contains("partitioned") {
+            // It fenced itself: exit code 3 in the container's last state.
+            let pod = Api::<Pod>::namespaced(client.clone(), &ns.name)
+                .get(&victim)
+                .await
+                .unwrap();
+            let exit = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .and_then(|c| c.into_iter().find(|c| c.name == "celld"))
+                .and_then(|c| c.last_state?.terminated.map(|t| t.exit_code));
+            assert_eq!(exit, Some(3), "{what}: the member self-fenced");
+        }
         // Nothing removed: claims, replicas, no claim delete, no replica write.
         assert_eq!(claim_uids(&client, &ns.name).await, claims_before, "{what}");
         assert_eq!(sts_replicas(bed, &ns.name, "phi"), replicas, "{what}");

@@ -4,11 +4,13 @@
 //! (completed, canceled or abandoned) operations are dropped, just enough to fit, in this
 //! order: first operations canceled before anything was issued (noise: an `Intent` and its
 //! `Canceled`, e.g. from a re-planning loop), oldest first; then the other finished ones,
-//! oldest first. Never dropped: an open operation; the 8 most recently finished operations
-//! that issued something; the last completed operation of each kind; the operation whose
-//! restart token is `lastRestartToken`; the operation whose entry answers the predecessor
-//! effect; the newest entry's operation. So noise cannot evict real history, and what the
-//! planner reads from the journal never changes by compaction.
+//! oldest first; the 8 most recently finished operations that issued something only as a last
+//! resort (oldest first), when nothing else is left and they still do not fit (operations with
+//! many per-member entries, e.g. coordinated restarts). Never dropped: an open operation; the
+//! last completed operation of each kind; the operation whose restart token is
+//! `lastRestartToken`; the operation whose entry answers the predecessor effect; the newest
+//! entry's operation. So noise cannot evict real history, and what the planner reads from the
+//! journal never changes by compaction.
 //!
 //! A dropped run at the front advances `compactedThrough`/`compactedHash`; a dropped run
 //! between kept entries becomes a *hole* `{from, through, hash}` in the document, where `hash`
@@ -126,15 +128,15 @@ pub struct OverBudget {
 /// finished operations that issued something; the last completed operation of each kind;
 /// the operation whose token is `lastRestartToken`; the operation whose entry answers the
 /// predecessor effect; and the operation of the newest entry.
-fn drop_order(doc: &Document, fold: &Fold) -> (Vec<OperationId>, String) {
+fn drop_order(doc: &Document, fold: &Fold) -> DropOrder {
     let mut keep: HashSet<OperationId> = fold.open_operations().map(|o| o.id()).collect();
-    keep.extend(
-        fold.finished_newest_first()
-            .into_iter()
-            .filter(|o| o.issued_anything())
-            .take(KEEP_FINISHED_OPERATIONS)
-            .map(|o| o.id()),
-    );
+    let recent: Vec<OperationId> = fold
+        .finished_newest_first()
+        .into_iter()
+        .filter(|o| o.issued_anything())
+        .take(KEEP_FINISHED_OPERATIONS)
+        .map(|o| o.id())
+        .collect();
     let mut last_of_kind: HashMap<String, (Seq, OperationId)> = HashMap::new();
     let mut last_token: Option<(Seq, OperationId)> = None;
     for o in fold.operations() {
@@ -165,7 +167,7 @@ fn drop_order(doc: &Document, fold: &Fold) -> (Vec<OperationId>, String) {
     let mut seen = HashSet::new();
     for e in &doc.entries {
         let id = e.op();
-        if keep.contains(&id) || !seen.insert(id) {
+        if keep.contains(&id) || recent.contains(&id) || !seen.insert(id) {
             continue;
         }
         match fold.operation(id) {
@@ -174,18 +176,39 @@ fn drop_order(doc: &Document, fold: &Fold) -> (Vec<OperationId>, String) {
         }
     }
     noise.extend(rest);
+    // The recent ones, oldest first, only when nothing else is left to drop.
+    let last_resort: Vec<OperationId> = recent
+        .iter()
+        .rev()
+        .filter(|id| !keep.contains(id))
+        .copied()
+        .collect();
     let open = fold
         .open_operations()
         .next()
         .map(|o| format!("operation {} is open; ", o.id()))
         .unwrap_or_default();
-    (
-        noise,
-        format!(
-            "{open}open operations, the last {KEEP_FINISHED_OPERATIONS} finished operations that issued something, \
-             the last completed operation of each kind, the last restart token's operation and the predecessor effect are kept"
+    DropOrder {
+        order: noise,
+        last_resort,
+        why: format!(
+            "{open}open operations, the last completed operation of each kind, the last restart token's operation \
+             and the predecessor effect are kept"
         ),
-    )
+    }
+}
+
+/// What compaction may drop, in order.
+struct DropOrder {
+    /// Noise first, then older finished operations, oldest first.
+    order: Vec<OperationId>,
+    /// The [`KEEP_FINISHED_OPERATIONS`] most recently finished operations that are not kept for
+    /// another reason, oldest first: dropped only when the budget cannot hold them (operations
+    /// with many per-member entries, e.g. coordinated restarts of large fleets). The mirror
+    /// keeps them.
+    last_resort: Vec<OperationId>,
+    /// What is never dropped, for `JournalOverBudget`.
+    why: String,
 }
 
 /// `doc` without the entries of `dropped`: a dropped run at the front extends
@@ -238,11 +261,15 @@ pub(crate) fn compact_to_fit(
     if doc.encoded_len() <= budget.bytes() {
         return Ok(None);
     }
-    let (order, why) = drop_order(doc, fold);
+    let DropOrder {
+        order,
+        last_resort,
+        why,
+    } = drop_order(doc, fold);
     let mut dropped: HashSet<OperationId> = HashSet::new();
     let mut dropped_operations = Vec::new();
     let mut smallest = doc.encoded_len();
-    for id in order {
+    for id in order.into_iter().chain(last_resort) {
         dropped.insert(id);
         dropped_operations.push(id);
         let compacted = without(doc, &dropped);
@@ -266,7 +293,8 @@ pub(crate) fn compact_to_fit(
 
 /// The size status of `doc` against `budget`.
 pub(crate) fn size_status(doc: &Document, fold: &Fold, budget: Budget) -> SizeStatus {
-    let (order, _) = drop_order(doc, fold);
+    // Eating into the recent operations is compaction too, but worth a warning.
+    let order = drop_order(doc, fold).order;
     SizeStatus {
         bytes: doc.encoded_len(),
         budget: budget.bytes(),

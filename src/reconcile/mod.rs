@@ -2,9 +2,9 @@
 //! every member-changing decision journaled before it is carried out.
 //!
 //! This build covers Provision, Scale (growth in runs, contraction one member at a time,
-//! claims retained), rolling Restart/Upgrade/TemplateUpdate and Delete. Not yet:
-//! Retire contractions and strict proofs, coordinated restarts, member replacement and
-//! self-healing, leader election, Events and metrics (see README "Status of this tree").
+//! claims retained), rolling Restart/Upgrade/TemplateUpdate, Delete, and the strict
+//! operations (Retire contractions and coordinated restarts, `strict.rs`, driven from their
+//! own step table). Not yet: member replacement and self-healing (README "Status of this tree").
 
 pub mod compare;
 mod delete;
