@@ -17,14 +17,14 @@ export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
 KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
 
 .PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
-        chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench bench-journal \
+        chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench bench-journal bench-strict \
         bench-operator fuzz clean-cluster help
 
 all: build
 
 help:
 	@grep -E '^#   make' Makefile | sed 's/^#   //'
-	@echo "other targets: deps build control-plane crds check test-fast cluster-up cluster-down bench bench-journal bench-operator fuzz"
+	@echo "other targets: deps build control-plane crds check test-fast cluster-up cluster-down bench bench-journal bench-operator bench-strict fuzz"
 
 ## deps: Debian packages and toolchain pieces the build and tests need (idempotent).
 deps:
@@ -131,7 +131,13 @@ demo-down:
 	integration/demo.sh down
 
 ## bench: journal benchmarks (criterion) and the operator benchmark (integration/bench/README.md).
-bench: bench-journal bench-operator
+bench: bench-journal bench-operator bench-strict
+
+## bench-strict: wall time, runtime/Kubernetes/operator split and API writes of a Retire step and
+## of coordinated restarts of 3 and 5 members (simulator members, real store; ~6 min).
+bench-strict: control-plane store-tools
+	@echo "==> strict operations benchmark (median of 3 each; progress on stderr)"
+	$(CARGO) bench -p celld-operator --bench strict
 
 ## bench-journal: journal benchmarks (criterion); medians are reported in issue notes.
 bench-journal:

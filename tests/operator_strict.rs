@@ -862,17 +862,7 @@ async fn coordinated_drills(retire: bool) {
         assert_eq!(killed.exited(Duration::from_secs(240)).await, 3, "{what}");
         drop(killed);
         op = OperatorProcess::start(&options(None));
-        poll_until(&format!("{what}: completed"), 300, &op.log, || async {
-            api.get("tau")
-                .await
-                .ok()
-                .and_then(|f| f.status)
-                .is_some_and(|s| {
-                    s.last_restart_token.as_deref() == Some(token.as_str())
-                        && s.current_operation.is_none()
-                })
-        })
-        .await;
+        wait_token_applied(&api, "tau", &token, 300, &op.log).await;
         wait_settled(&api, "tau", 3, &op.log).await;
         let o = newest_op(&api, "tau").await.unwrap();
         assert_eq!(o.intent().token.as_deref(), Some(token.as_str()), "{what}");

@@ -86,7 +86,10 @@ fn compaction_keeps_the_last_eight_finished_operations_while_they_fit() {
     w.push(op(98), EntryBody::Intent(large));
     let kept = w.journal.fold().finished_newest_first().len();
     assert!((1..8).contains(&kept), "kept {kept} finished operations");
-    assert!(w.journal.fold().operation(op(30)).is_some(), "the last Scale is kept");
+    assert!(
+        w.journal.fold().operation(op(30)).is_some(),
+        "the last Scale is kept"
+    );
     assert!(w.journal.document().encoded_len() <= 32 * 1024);
     w.push(op(98), abandoned());
     // One that cannot fit even alone is refused, and nothing changes.

@@ -148,3 +148,28 @@ pub async fn finished(api: &Api<CelldFleet>, name: &str, marker: &str) -> bool {
             .iter()
             .any(|o| o.id == op && o.outcome == "Succeeded")
 }
+
+/// Polls until the fleet's `lastRestartToken` is `token` with nothing open.
+pub async fn wait_token_applied(
+    api: &Api<CelldFleet>,
+    name: &str,
+    token: &str,
+    secs: u64,
+    log: &std::path::Path,
+) {
+    poll_until(
+        &format!("{name} to apply token {token}"),
+        secs,
+        log,
+        || async {
+            api.get(name)
+                .await
+                .ok()
+                .and_then(|f| f.status)
+                .is_some_and(|s| {
+                    s.last_restart_token.as_deref() == Some(token) && s.current_operation.is_none()
+                })
+        },
+    )
+    .await
+}
