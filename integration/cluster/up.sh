@@ -130,7 +130,7 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --audit-policy-file "$here/audit-policy.yaml" --audit-log-path "$work/audit/audit.log" \
-  --audit-log-format json --audit-log-maxsize 0 --audit-log-mode blocking \
+  --audit-log-format json --audit-log-maxsize 100000 --audit-log-mode blocking \
   --profiling=false --enable-priority-and-fairness=false
 wait_for kube-apiserver 90 curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
   "https://127.0.0.1:$apiserver/readyz"

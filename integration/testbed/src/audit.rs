@@ -248,6 +248,29 @@ impl AuditQuery {
 pub struct AuditLog {
     path: PathBuf,
     start: u64,
+    /// Inode of the file when marked: the API server rotates `audit.log` by renaming it to
+    /// `audit-<time>.log` (same inode) and starting a new one.
+    inode: Option<u64>,
+}
+
+fn inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Complete lines of `path` from byte `start`.
+fn complete_lines_from(path: &Path, start: u64) -> Result<String> {
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    f.seek(SeekFrom::Start(start))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)
+        .with_context(|| format!("reading {}", path.display()))?;
+    // A partial last line (being written right now) is left for the next read.
+    Ok(match text.rfind('\n') {
+        Some(i) => text[..=i].to_string(),
+        None => String::new(),
+    })
 }
 
 impl AuditLog {
@@ -257,14 +280,18 @@ impl AuditLog {
         let start = std::fs::metadata(&path)
             .with_context(|| format!("reading {}", path.display()))?
             .len();
-        Ok(Self { path, start })
+        let inode = inode(&path);
+        Ok(Self { path, start, inode })
     }
 
     /// Every event in the file.
     pub fn from_start(path: impl Into<PathBuf>) -> Self {
+        let path = path.into();
+        let inode = inode(&path);
         Self {
-            path: path.into(),
+            path,
             start: 0,
+            inode,
         }
     }
 
@@ -273,20 +300,27 @@ impl AuditLog {
         &self.path
     }
 
-    /// All events since the start offset (complete lines only).
+    /// All events since the start offset (complete lines only), across a rotation: when the
+    /// file was rotated since the mark, the rest of the rotated file comes first.
     pub fn events(&self) -> Result<Vec<AuditEvent>> {
-        let mut f = std::fs::File::open(&self.path)
-            .with_context(|| format!("opening {}", self.path.display()))?;
-        f.seek(SeekFrom::Start(self.start))?;
-        let mut text = String::new();
-        f.read_to_string(&mut text)
-            .with_context(|| format!("reading {}", self.path.display()))?;
-        // A partial last line (being written right now) is left for the next read.
-        let complete = match text.rfind('\n') {
-            Some(i) => &text[..=i],
-            None => "",
+        let text = if self.inode.is_some() && inode(&self.path) != self.inode {
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            let rotated = std::fs::read_dir(dir)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p != &self.path && inode(p) == self.inode)
+                .with_context(|| {
+                    format!(
+                        "{} was rotated since the mark and the rotated file is gone",
+                        self.path.display()
+                    )
+                })?;
+            let mut text = complete_lines_from(&rotated, self.start)?;
+            text.push_str(&complete_lines_from(&self.path, 0)?);
+            text
+        } else {
+            complete_lines_from(&self.path, self.start)?
         };
-        Ok(complete.lines().filter_map(AuditEvent::parse).collect())
+        Ok(text.lines().filter_map(AuditEvent::parse).collect())
     }
 
     /// Events passing `q`, in log order.
@@ -401,6 +435,28 @@ mod tests {
         assert_eq!(per_object.len(), 1);
         assert_eq!(per_object.values().next(), Some(&2));
         assert_eq!(AuditLog::from_start(&path).count(&q).unwrap(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn events_after_the_mark_survive_a_rotation_of_the_file() {
+        let dir = std::env::temp_dir().join(format!("tb-audit-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.log");
+        std::fs::write(&path, format!("{LINE}\n")).unwrap();
+        let log = AuditLog::since_now(&path).unwrap();
+        // One event before the rotation, the file renamed (as the API server does at its size
+        // limit), two events in the new file.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text.push_str(&format!("{LINE}\n"));
+        std::fs::write(&path, text).unwrap();
+        std::fs::rename(&path, dir.join("audit-2026-12-02T08-45-46.915.log")).unwrap();
+        std::fs::write(&path, format!("{LINE}\n{LINE}\n")).unwrap();
+        let q = AuditQuery::writes().resource("pods");
+        assert_eq!(log.count(&q).unwrap(), 3);
+        // The rotated file gone: an error, never a silent zero.
+        std::fs::remove_file(dir.join("audit-2026-12-02T08-45-46.915.log")).unwrap();
+        assert!(log.count(&q).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
