@@ -102,13 +102,36 @@ pub fn entry_detail(entry: &Entry) -> String {
             if i.replayed {
                 s.push_str(" (replayed)");
             }
+            if let Some(t) = &i.target {
+                s.push_str(&format!(
+                    " to podUID={} generation={}",
+                    t.pod_uid.as_deref().unwrap_or("?"),
+                    t.runtime_generation.as_deref().unwrap_or("?")
+                ));
+            }
             s
         }
         EntryBody::ProofCaptured(p) => format!(
-            "{} phase={} generation={} controlOnly={}",
-            p.member, p.proof.phase, p.proof.expected_generation, p.proof.control_only
+            "{} phase={} generation={} controlOnly={}{}",
+            p.member,
+            p.proof.phase,
+            p.proof.expected_generation,
+            p.proof.control_only,
+            p.proof
+                .blocker
+                .as_ref()
+                .map(|b| format!(" blocker={b}"))
+                .unwrap_or_default()
         ),
-        EntryBody::ClaimRetired(c) => format!("{} uid={}", c.claim, c.claim_uid),
+        EntryBody::ClaimRetired(c) => format!(
+            "{} uid={}{}",
+            c.claim,
+            c.claim_uid,
+            c.claim_resource_version
+                .as_ref()
+                .map(|rv| format!(" rv={rv}"))
+                .unwrap_or_default()
+        ),
         EntryBody::Observed(o) => o.note.clone(),
         EntryBody::Completed(c) => c.outcome.to_string(),
         EntryBody::Canceled(c) => c.reason.to_string(),

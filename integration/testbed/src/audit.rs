@@ -260,8 +260,7 @@ fn inode(path: &Path) -> Option<u64> {
 
 /// Complete lines of `path` from byte `start`.
 fn complete_lines_from(path: &Path, start: u64) -> Result<String> {
-    let mut f =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     f.seek(SeekFrom::Start(start))?;
     let mut text = String::new();
     f.read_to_string(&mut text)
