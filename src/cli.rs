@@ -33,6 +33,15 @@ pub enum Command {
     /// Read, verify and export operation journals; send commands.
     #[command(subcommand)]
     Journal(JournalCommand),
+    /// Ask for one member to be replaced on a fresh disk: sets
+    /// `celld.eric.dev/replace-member` to the member's current Pod UID.
+    Replace {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// The member's Pod name (e.g. `beta-1`).
+        member: String,
+    },
 }
 
 /// Log output format.
@@ -87,6 +96,21 @@ pub struct RunArgs {
     /// turns Stalled (after issue), instead of 30 minutes (+5 per member when coordinated).
     #[arg(long, hide = true, value_parser = parse_duration)]
     pub operation_deadline: Option<Duration>,
+    /// Test clusters only: replaces --member-replacement-delay (no minimum).
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub test_replacement_delay: Option<Duration>,
+    /// Test clusters only: how long past its deletion deadline a stuck member is
+    /// force-deleted, instead of 2 minutes.
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub test_termination_margin: Option<Duration>,
+    /// Test clusters only: how long every other member must have been Ready before one is
+    /// replaced, instead of 5 minutes.
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub test_absorb_window: Option<Duration>,
+    /// Test clusters only: how much older than its Pod a claim must be to count as an old
+    /// disk, instead of 1 minute.
+    #[arg(long, hide = true, value_parser = parse_duration)]
+    pub test_claim_age: Option<Duration>,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -195,6 +219,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl RunArgs {
+    /// The self-healing timings these flags give.
+    pub fn healing(&self) -> crate::reconcile::heal::Timings {
+        let d = crate::reconcile::heal::Timings::default();
+        crate::reconcile::heal::Timings {
+            replacement_delay: self
+                .test_replacement_delay
+                .unwrap_or(self.member_replacement_delay),
+            termination_margin: self.test_termination_margin.unwrap_or(d.termination_margin),
+            absorb_window: self.test_absorb_window.unwrap_or(d.absorb_window),
+            claim_age: self.test_claim_age.unwrap_or(d.claim_age),
+        }
+    }
+
     /// Cross-flag rules that clap cannot express.
     pub fn check(&self) -> Result<(), String> {
         if self.fault_point.is_some() && !self.local_test {
@@ -202,6 +239,22 @@ impl RunArgs {
         }
         if self.operation_deadline.is_some() && !self.local_test {
             return Err("--operation-deadline needs --local-test".into());
+        }
+        for (set, flag) in [
+            (
+                self.test_replacement_delay.is_some(),
+                "--test-replacement-delay",
+            ),
+            (
+                self.test_termination_margin.is_some(),
+                "--test-termination-margin",
+            ),
+            (self.test_absorb_window.is_some(), "--test-absorb-window"),
+            (self.test_claim_age.is_some(), "--test-claim-age"),
+        ] {
+            if set && !self.local_test {
+                return Err(format!("{flag} needs --local-test"));
+            }
         }
         for ns in &self.watch_namespaces {
             let label = !ns.is_empty()
@@ -391,6 +444,45 @@ mod tests {
             panic!("expected run")
         };
         assert_eq!(run.member_replacement_delay, Duration::from_secs(5400));
+    }
+
+    #[test]
+    fn healing_knobs_need_local_test() {
+        for flag in [
+            "--test-replacement-delay=5s",
+            "--test-termination-margin=3s",
+            "--test-absorb-window=2s",
+            "--test-claim-age=1s",
+        ] {
+            let Command::Run(run) = parse(&["run", flag]).unwrap().command else {
+                panic!("expected run")
+            };
+            let err = run.check().unwrap_err();
+            assert!(err.contains("needs --local-test"), "{flag}: {err}");
+            let Command::Run(run) = parse(&["run", "--local-test", flag]).unwrap().command else {
+                panic!("expected run")
+            };
+            assert!(run.check().is_ok(), "{flag}");
+        }
+        let Command::Run(run) = parse(&[
+            "run",
+            "--local-test",
+            "--test-replacement-delay=5s",
+            "--test-absorb-window=2s",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("expected run")
+        };
+        let h = run.healing();
+        assert_eq!(h.replacement_delay, Duration::from_secs(5));
+        assert_eq!(h.absorb_window, Duration::from_secs(2));
+        assert_eq!(h.termination_margin, Duration::from_secs(120));
+        let Command::Run(run) = parse(&["run"]).unwrap().command else {
+            panic!("expected run")
+        };
+        assert_eq!(run.healing().replacement_delay, Duration::from_secs(600));
     }
 
     #[test]

@@ -393,6 +393,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
         replan_backoff: Default::default(),
         foreign_window: args.foreign_operator_window,
+        healing: args.healing(),
         announced: Default::default(),
         foreign_reported: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(

@@ -78,8 +78,9 @@ pub fn ensure_mirrored(
 }
 
 /// Appends `entry` to the journal of `fleet` (as read, with its resourceVersion), then
-/// mirrors it. `remove_command` also removes a consumed `journal-command` annotation in
-/// the same write (so a command is consumed exactly when its entry is committed).
+/// mirrors it. `remove` names annotations removed in the same write: a consumed
+/// `journal-command` (so a command is consumed exactly when its entry is committed), or a
+/// `replace-member` request closed by this entry.
 pub async fn append(
     api: &Api<CelldFleet>,
     fleet: &CelldFleet,
@@ -87,7 +88,7 @@ pub async fn append(
     entry: NewEntry,
     budget: Budget,
     mirror: Option<&Mirror>,
-    remove_command: bool,
+    remove: &[&str],
 ) -> Result<Committed, AppendError> {
     let staged = journal.stage(entry, budget)?;
     let name = fleet
@@ -102,8 +103,8 @@ pub async fn append(
         .ok_or(AppendError::Incomplete("a resourceVersion"))?;
     let mut annotations = serde_json::Map::new();
     annotations.insert(JOURNAL_ANNOTATION.into(), json!(staged.annotation()));
-    if remove_command {
-        annotations.insert(JOURNAL_COMMAND_ANNOTATION.into(), serde_json::Value::Null);
+    for key in remove {
+        annotations.insert((*key).into(), serde_json::Value::Null);
     }
     // A merge patch that names metadata.resourceVersion is a compare-and-swap: the API
     // server answers 409 if the fleet moved on.

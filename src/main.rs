@@ -44,6 +44,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()?;
             runtime.block_on(celld_operator::controller::run(args))?;
         }
+        Command::Replace { target, member } => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(replace(target, &member))?;
+        }
         Command::Journal(cmd) => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -52,6 +58,38 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `replace NS/FLEET MEMBER`: the member's current UID into `celld.eric.dev/replace-member`.
+async fn replace((ns, name): (String, String), member: &str) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Pod;
+    let client = kube::Client::try_default().await?;
+    let fleets = Api::<CelldFleet>::namespaced(client.clone(), &ns);
+    let fleet = fleets.get(&name).await?;
+    let pod = Api::<Pod>::namespaced(client, &ns)
+        .get_opt(member)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{ns}/{member}: no such Pod"))?;
+    let fleet_uid = fleet.uid().unwrap_or_default();
+    if pod.labels().get(api::keys::FLEET_UID_LABEL) != Some(&fleet_uid) {
+        anyhow::bail!("{ns}/{member} is not a member of fleet {name}");
+    }
+    let uid = pod.uid().unwrap_or_default();
+    let value = celld_operator::reconcile::replace_request_value(member, &uid);
+    fleets
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&serde_json::json!({
+                "metadata": {"annotations": {api::keys::REPLACE_MEMBER_ANNOTATION: value}}
+            })),
+        )
+        .await?;
+    println!(
+        "{ns}/{name}: set {} to {value:?}; the operator replaces {member} once nothing else is open and every other member is Ready (see the fleet's conditions and Events)",
+        api::keys::REPLACE_MEMBER_ANNOTATION
+    );
+    Ok(())
 }
 
 /// What the cluster holds for one fleet.

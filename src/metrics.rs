@@ -39,6 +39,15 @@ pub struct RequestLabels {
     pub resource: String,
 }
 
+/// `reason`, `outcome`: one completed member replacement.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplacementLabels {
+    /// `DiskLost`, `ClaimDeleted`, `LongDown`, `Administrative`, `AdoptedHold`.
+    pub reason: String,
+    /// `Succeeded`, `ClaimKept`, `MemberChanged`.
+    pub outcome: String,
+}
+
 /// `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -90,6 +99,10 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
+    /// Completed member replacements by reason and outcome.
+    pub replacements: Family<ReplacementLabels, Counter<u64, AtomicU64>>,
+    /// Members deleted with grace 0 after their node failed to confirm termination.
+    pub force_deletes: Family<FleetLabels, Counter<u64, AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -123,7 +136,19 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             api_requests: Family::default(),
+            replacements: Family::default(),
+            force_deletes: Family::default(),
         };
+        r.register(
+            "celld_operator_member_replacements",
+            "completed member replacements by reason and outcome",
+            m.replacements.clone(),
+        );
+        r.register(
+            "celld_operator_member_force_deletes",
+            "members deleted with grace 0 after their node failed to confirm termination",
+            m.force_deletes.clone(),
+        );
         r.register(
             "celld_fleet_desired_replicas",
             "spec.replicas",
@@ -239,6 +264,7 @@ impl Metrics {
         }
         self.replays.remove(l);
         self.canceled_replans.remove(l);
+        self.force_deletes.remove(l);
     }
 
     /// The text exposition format.

@@ -105,7 +105,7 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
             entry(op, body),
             budget,
             Some(&mirror),
-            false,
+            &[],
         )
         .await
         .unwrap();
@@ -160,7 +160,7 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
         entry(op2, EntryBody::Intent(stale_intent)),
         budget,
         Some(&mirror),
-        false,
+        &[],
     )
     .await;
     assert!(

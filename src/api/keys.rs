@@ -24,3 +24,10 @@ pub const STORAGE_RESERVATION_ANNOTATION: &str = "celld.eric.dev/storage-reserva
 pub const SPEC_HASH_FORMAT_ANNOTATION: &str = "celld.eric.dev/spec-hash-format";
 /// The only spec-hash format this release writes.
 pub const SPEC_HASH_FORMAT: &str = "jcs-sha256-v1";
+/// Finalizer of a replacement hold on a member Pod (docs/design.md "Member replacement"): the
+/// Pod keeps the member's name while its old disk is released.
+pub const REPLACING_FINALIZER: &str = "celld.eric.dev/replacing-disk";
+/// Label of a held Pod: the UID of the fleet whose replacement holds it.
+pub const REPLACEMENT_FLEET_LABEL: &str = "celld.eric.dev/replacement-fleet";
+/// Annotation of a held Pod: `{"fleetUID","claimUID","claimResourceVersion","committed","operationId"}`.
+pub const REPLACEMENT_CLAIM_ANNOTATION: &str = "celld.eric.dev/replacement-claim";

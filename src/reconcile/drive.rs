@@ -208,6 +208,9 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     if op.kind == OperationKind::Delete {
         return super::delete::drive(run).await;
     }
+    if op.kind == OperationKind::MemberReplacement {
+        return super::replace::drive(run, &op).await;
+    }
     if super::strict::is_strict(&op.intent) {
         return super::strict::drive(run, &op).await;
     }
@@ -783,6 +786,35 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             return Ok(report);
         }
     }
+    // Member replacements planned before template and scale changes: a lost disk, then an
+    // administrator's request (docs/design.md "Planning order").
+    if let Some(w) = &live {
+        let applied = w.replicas();
+        if spec.profile == Profile::PersistentFleet {
+            let slots = super::heal::slots(run, applied).await?;
+            match super::heal::disk_lost(&slots) {
+                Some(Ok(ordinal)) => {
+                    return super::replace::open(run, super::replace::DISK_LOST, ordinal, None)
+                        .await
+                }
+                Some(Err(wait)) => return Ok(Report::provisioning(wait)),
+                None => {}
+            }
+        }
+        match super::replace::admin_request(run).await? {
+            Some(Ok((pod, ordinal))) => {
+                return super::replace::open(
+                    run,
+                    super::replace::ADMINISTRATIVE,
+                    ordinal,
+                    Some(pod),
+                )
+                .await
+            }
+            Some(Err(why)) => return Ok(Report::blocked_infra_ready("ReplacementRefused", why)),
+            None => {}
+        }
+    }
     // Claims at member names: fresh reads (a foreign claim has no fleet label, so no list sees it).
     let mut kept = Vec::new();
     if spec.profile == Profile::PersistentFleet {
@@ -879,6 +911,35 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
     match decision {
         Plan::Settled => {
             let w = live.as_ref().expect("settled implies a workload");
+            if sts {
+                // Settled: a member whose claim is going, or one down past the delay.
+                let slots = super::heal::slots(run, w.replicas()).await?;
+                let verdict = super::heal::evaluate(
+                    &slots,
+                    chrono::Utc::now(),
+                    &run.ctx.healing,
+                    spec.profile == Profile::PersistentFleet,
+                );
+                match verdict {
+                    super::heal::Verdict::Healthy => {}
+                    super::heal::Verdict::Replace { ordinal, reason } => {
+                        return super::replace::open(run, reason, ordinal, None).await
+                    }
+                    super::heal::Verdict::Wait { message, due } => {
+                        if let Some(due) = due {
+                            let left = (due - chrono::Utc::now())
+                                .to_std()
+                                .unwrap_or_default()
+                                .max(std::time::Duration::from_secs(1));
+                            run.requeue = Some(left.min(super::LATER));
+                        }
+                        return Ok(Report::provisioning(message));
+                    }
+                    super::heal::Verdict::Unschedulable { message } => {
+                        return Ok(Report::blocked_infra_ready("MemberUnschedulable", message))
+                    }
+                }
+            }
             Ok(if w.rolled_out() {
                 Report::provisioned(w.replicas())
             } else {

@@ -10,9 +10,11 @@ pub mod compare;
 mod delete;
 mod drive;
 pub mod foreign;
+pub mod heal;
 mod integrity;
 mod plan;
 mod prereq;
+mod replace;
 mod status;
 mod strict;
 pub mod workload;
@@ -32,6 +34,11 @@ use crate::journal_store;
 use crate::render::RenderSettings;
 
 pub use plan::{plan, Desired, LiveView, Plan};
+
+/// The `celld.eric.dev/replace-member` value asking for member `pod` at its UID `uid`.
+pub fn replace_request_value(pod: &str, uid: &str) -> String {
+    format!("{pod}/{uid}")
+}
 pub use status::{Class, Report};
 
 /// Operator-wide settings and clients shared by reconciles.
@@ -73,6 +80,8 @@ pub struct Ctx {
     pub replan_backoff: std::sync::Mutex<std::collections::HashMap<String, integrity::Replan>>,
     /// `--foreign-operator-window`.
     pub foreign_window: Duration,
+    /// Self-healing timings (`--member-replacement-delay` and the fixed windows).
+    pub healing: heal::Timings,
     /// Fleet UIDs on which this process has recorded (or found fresh) its installation record.
     pub announced: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Fleet UID → the other installations last reported with a `ForeignOperator` Event.
@@ -235,6 +244,15 @@ impl Run<'_> {
         body: EntryBody,
         remove_command: bool,
     ) -> Result<Entry, Error> {
+        let mut remove = Vec::new();
+        if remove_command {
+            remove.push(JOURNAL_COMMAND_ANNOTATION);
+        }
+        // An administrative replacement request is removed in the same write that closes its
+        // operation (any outcome), unless it was changed meanwhile (then it is a new request).
+        if replace::closes_request(self, op, &body) {
+            remove.push(crate::api::keys::REPLACE_MEMBER_ANNOTATION);
+        }
         let entry = NewEntry {
             at: Utc::now(),
             op,
@@ -248,7 +266,7 @@ impl Run<'_> {
             entry,
             self.ctx.budget,
             self.ctx.mirror.as_ref(),
-            remove_command,
+            &remove,
         )
         .await?;
         tracing::info!(
@@ -309,6 +327,25 @@ impl Run<'_> {
         };
         if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
             tracing::warn!(error = %e, "publishing the journal Event failed");
+        }
+    }
+
+    /// A Warning Event about a member on the fleet (the Pod as the related object).
+    pub async fn member_event(&self, reason: &str, note: String, pod: &Pod) {
+        use kube::runtime::events::{Event, EventType};
+        tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason, "{note}");
+        let Some(recorder) = &self.ctx.recorder else {
+            return;
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: format!("{reason}-{}", pod.metadata.uid.as_deref().unwrap_or("")),
+            secondary: Some(pod.object_ref(&())),
+        };
+        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing {reason} failed");
         }
     }
 
@@ -647,6 +684,11 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     {
         drive::consume_command(run, &value).await?;
     }
+    // 4. Replacement holds, before the pause, deletion and prerequisite gates, so an
+    // operator finalizer never keeps a Pod alive.
+    if let Some(report) = replace::resolve_holds(run).await? {
+        return Ok(report);
+    }
     // 5. Deletion, regardless of pause or configuration errors.
     if run.fleet.meta().deletion_timestamp.is_some() {
         return delete::drive(run).await;
@@ -677,9 +719,24 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     // 10. Drive the open operation (also while paused once issued). When it closes here
     // (completed, canceled, abandoned), the steps below go on in the same reconcile and the
     // next operation is planned at once from fresh reads, instead of one wake-up later.
+    let paused = run
+        .fleet
+        .spec
+        .maintenance
+        .as_ref()
+        .is_some_and(|m| m.paused);
+    // 15. (here, so it also runs while an operation is open) Confirm the deletion of members
+    // stuck terminating on a node that cannot; never while paused.
+    if !paused {
+        heal::force_delete_stuck(run).await?;
+    }
     if run.journal.fold().current().is_some() {
         let report = drive::drive_open(run).await?;
         if run.journal.fold().current().is_some() {
+            // A replacement request that has to wait says why (ReplacementRefused comes first).
+            if let Some(Err(why)) = replace::admin_request(run).await? {
+                return Ok(Report::blocked_infra_ready("ReplacementRefused", why));
+            }
             return Ok(report);
         }
     }
@@ -691,6 +748,9 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
         .as_ref()
         .is_some_and(|m| m.paused)
     {
+        if let Some(Err(why)) = replace::admin_request(run).await? {
+            return Ok(Report::blocked_infra_ready("ReplacementRefused", why));
+        }
         return Ok(Report::blocked(
             "MaintenancePaused",
             "Paused: no operation starts and no member is healed".into(),
