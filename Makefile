@@ -105,6 +105,7 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-operator --test journal_integrity -- --test-threads=3
 	$(CARGO) test -p celld-operator --test operator_sim -- --test-threads=3
 	$(CARGO) test -p celld-operator --test operator_strict -- --test-threads=4
+	$(CARGO) test -p celld-operator --test operator_heal -- --test-threads=4
 
 test: check test-bed test-cluster
 	@echo "==> all tests passed"

@@ -283,6 +283,22 @@ fn cancel_reason(run: &Run<'_>, intent: &Intent) -> Option<CancelReason> {
 
 /// Drives an open `MemberReplacement` one step (the table above).
 pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Error> {
+    // Killed after the hold landed (`after-effect`): the operation is issued in the world even
+    // though the journal has no `Issued` yet. Record it as replayed before any cancel or
+    // deadline rule for Intent could apply.
+    if !open.issued && !simple(&open.intent) {
+        if let Some(t) = open.intent.targets.first() {
+            let landed = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns)
+                .get_opt(&t.pod)
+                .await
+                .ctx(|| format!("reading member {}", t.pod))?
+                .is_some_and(|p| p.metadata.uid == t.pod_uid && held_by(&p, open.id));
+            if landed {
+                let o = current(run, open.id);
+                return hold(run, &o, &t.clone()).await;
+            }
+        }
+    }
     if let Some(action) = run
         .journal
         .fold()
