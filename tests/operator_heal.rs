@@ -84,32 +84,7 @@ fn cli(bed: &TestBed, args: &[&str]) -> String {
 /// Accepted deletes by the operator (its User-Agent) of `resource` since `audit` was marked:
 /// (name, precondition UID, precondition RV).
 fn operator_deletes(audit: &AuditLog, ns: &str, resource: &str) -> Vec<(String, String, String)> {
-    let q = AuditQuery::writes()
-        .verb("delete")
-        .resource(resource)
-        .namespace(ns)
-        .successful();
-    audit
-        .query(&q)
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.user_agent.starts_with("celld-operator/"))
-        .map(|e| {
-            let pre = e
-                .request_object
-                .as_ref()
-                .map(|b| b["preconditions"].clone())
-                .unwrap_or_default();
-            (
-                e.name.clone().unwrap_or_default(),
-                pre["uid"].as_str().unwrap_or_default().to_string(),
-                pre["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-        .collect()
+    audited_deletes(audit, ns, resource, true)
 }
 
 async fn pod_uid(client: &Client, ns: &str, name: &str) -> String {
@@ -939,6 +914,119 @@ async fn an_unplaceable_member_reports_member_unschedulable_after_the_delay() {
     }
     wait_settled(&api, "beta", 3, &op.log).await;
     assert!(replacements(&api, "beta").await.is_empty());
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// `ClaimDeleted`: a member's claim deleted by hand while its Pod runs (the claim stays
+/// terminating under claim protection) is resolved by deleting only the Pod: the StatefulSet
+/// recreates both, and the member returns on a fresh claim. No claim delete by the operator.
+#[tokio::test]
+async fn a_claim_deleted_under_a_live_member_is_resolved_by_deleting_its_pod() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let tag = "heal-claimdel";
+    let ns = fleet_namespace(bed, &client, tag).await;
+    let bucket = bed.unique_bucket("healcd").unwrap();
+    let op = OperatorProcess::start(&heal_options(bed, tag, &ns.name, None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    api.create(&PostParams::default(), &fleet("beta", 3, &bucket))
+        .await
+        .unwrap();
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let before = claim_uids(&client, &ns.name).await;
+    let uid = pod_uid(&client, &ns.name, "beta-0").await;
+    let audit = bed.audit();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), &ns.name)
+        .delete("data-beta-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let o = wait_replacement_closed(&api, "beta", 1, &op.log).await;
+    assert_eq!(
+        o.intent().reason.as_deref(),
+        Some("ClaimDeleted"),
+        "{:?}",
+        o.entries()
+    );
+    assert_eq!(steps(&o), ["pod"], "{:?}", o.entries());
+    assert_eq!(o.closure().map(|c| c.outcome.as_str()), Some("Succeeded"));
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let after = claim_uids(&client, &ns.name).await;
+    assert_ne!(after.get("data-beta-0"), before.get("data-beta-0"));
+    assert!(after.contains_key("data-beta-0"));
+    let pod_deletes = operator_deletes(&audit, &ns.name, "pods");
+    assert_eq!(pod_deletes.len(), 1, "{pod_deletes:?}");
+    assert_eq!(pod_deletes[0].1, uid);
+    assert!(operator_deletes(&audit, &ns.name, "persistentvolumeclaims").is_empty());
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// Administrative replacement of a Bucket member (Deployment): only the `pod` step, a delete
+/// with the member's UID, and `Observed` once the workload is back to its ready count.
+#[tokio::test]
+async fn administrative_replacement_of_a_bucket_member_deletes_only_its_pod() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let tag = "heal-bucket";
+    let ns = fleet_namespace(bed, &client, tag).await;
+    let bucket = bed.unique_bucket("healbk").unwrap();
+    let op = OperatorProcess::start(&heal_options(bed, tag, &ns.name, None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let f: CelldFleet = serde_json::from_value(json!({
+        "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+        "metadata": {"name": "omega"},
+        "spec": {"profile": "Bucket", "runtimeImage": celld_testbed::RUNTIME_IMAGE, "replicas": 2,
+                 "serviceAccountName": "celld",
+                 "storage": {"bucket": bucket, "region": "us-east-1"},
+                 "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
+                 "lifecycle": {"shutdownSeconds": 10, "terminationGraceSeconds": 15},
+                 "env": [{"name": "CELLD_READY_FLEET_GATE_MS", "value": "2000"}]}
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &f).await.unwrap();
+    wait_settled(&api, "omega", 2, &op.log).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let victim = pods
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .expect("a member");
+    let (name, uid) = (victim.name_any(), victim.uid().unwrap_or_default());
+    let audit = bed.audit();
+    cli(bed, &["replace", &format!("{}/omega", ns.name), &name]);
+    let o = wait_replacement_closed(&api, "omega", 1, &op.log).await;
+    assert_eq!(o.intent().reason.as_deref(), Some("Administrative"));
+    assert_eq!(steps(&o), ["pod"], "{:?}", o.entries());
+    assert_eq!(o.closure().map(|c| c.outcome.as_str()), Some("Succeeded"));
+    wait_settled(&api, "omega", 2, &op.log).await;
+    assert_eq!(
+        operator_deletes(&audit, &ns.name, "pods"),
+        vec![(
+            name.clone(),
+            uid.clone(),
+            o.entries()
+                .iter()
+                .find_map(|e| match e.body() {
+                    EntryBody::Issued(i) if i.step == Step::Pod =>
+                        i.decided_on_resource_version.clone(),
+                    _ => None,
+                })
+                .unwrap_or_default()
+        )]
+    );
+    assert!(pods
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .is_none_or(|p| p.uid() != Some(uid)));
+    let f = api.get("omega").await.unwrap();
+    assert!(!f.annotations().contains_key(REQUEST));
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }

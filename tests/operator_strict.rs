@@ -105,31 +105,7 @@ fn sts_replicas(bed: &TestBed, ns: &str, name: &str) -> i32 {
 
 /// Accepted claim deletes since `audit` was marked: (name, precondition UID, precondition RV).
 fn claim_deletes(audit: &AuditLog, ns: &str) -> Vec<(String, String, String)> {
-    let q = AuditQuery::writes()
-        .verb("delete")
-        .resource("persistentvolumeclaims")
-        .namespace(ns)
-        .successful();
-    audit
-        .query(&q)
-        .unwrap()
-        .into_iter()
-        .map(|e| {
-            let pre = e
-                .request_object
-                .as_ref()
-                .map(|b| b["preconditions"].clone())
-                .unwrap_or_default();
-            (
-                e.name.clone().unwrap_or_default(),
-                pre["uid"].as_str().unwrap_or_default().to_string(),
-                pre["resourceVersion"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
-        .collect()
+    audited_deletes(audit, ns, "persistentvolumeclaims", false)
 }
 
 /// Accepted workload writes carrying `marker` since `audit` was marked.

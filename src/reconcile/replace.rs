@@ -363,7 +363,12 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
             let Some(live) = run.workload().await? else {
                 return Ok(progress(&o, "the workload is gone"));
             };
-            if !(live.observed_current() && live.rolled_out()) {
+            let old_gone = !run
+                .pods()
+                .await?
+                .iter()
+                .any(|p| p.metadata.uid == t.pod_uid);
+            if !(old_gone && live.observed_current() && live.rolled_out()) {
                 return Ok(progress(
                     &o,
                     &format!(
@@ -451,13 +456,14 @@ async fn hold(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<R
     };
     if held_by(&pod, o.id()) {
         // Written before a crash: recorded, never repeated.
-        let rv = pod.resource_version();
-        run.append(o.id(), issued(o, Step::Hold, true, rv.clone(), rv))
-            .await?;
-        return Ok(progress(
-            &current(run, o.id()),
+        return replayed(
+            run,
+            o,
+            Step::Hold,
+            &pod,
             "hold found in place; recorded as replayed",
-        ));
+        )
+        .await;
     }
     if pod.metadata.deletion_timestamp.is_some() {
         return refuse(
@@ -475,7 +481,6 @@ async fn hold(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<R
         )
         .await;
     }
-    let decided = pod.resource_version();
     let h = Hold {
         fleet_uid: run.uid.clone(),
         claim_uid: t.claim_uid.clone(),
@@ -491,34 +496,71 @@ async fn hold(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<R
         .labels
         .get_or_insert_with(Default::default)
         .insert(REPLACEMENT_FLEET_LABEL.into(), run.uid.clone());
+    set_hold(&mut pod, &h);
+    write_pod(
+        run,
+        o,
+        Step::Hold,
+        pod,
+        &format!("member {} is held; deleting its Pod next", t.pod),
+    )
+    .await
+}
+
+/// A Pod step found already done (written before a crash): recorded, never repeated.
+async fn replayed(
+    run: &mut Run<'_>,
+    o: &journal::Operation,
+    step: Step,
+    pod: &Pod,
+    what: &str,
+) -> Result<Report, Error> {
+    let rv = pod.resource_version();
+    run.append(o.id(), issued(o, step, true, rv.clone(), rv))
+        .await?;
+    Ok(progress(&current(run, o.id()), what))
+}
+
+fn set_hold(pod: &mut Pod, h: &Hold) {
     pod.metadata
         .annotations
         .get_or_insert_with(Default::default)
         .insert(
             REPLACEMENT_CLAIM_ANNOTATION.into(),
-            serde_json::to_string(&h).unwrap_or_default(),
+            serde_json::to_string(h).unwrap_or_default(),
         );
+}
+
+/// The guarded Pod update of `step` (`hold`, `commit`): written with the resourceVersion it
+/// was read at, then recorded; a conflict is decided again from a fresh read.
+async fn write_pod(
+    run: &mut Run<'_>,
+    o: &journal::Operation,
+    step: Step,
+    pod: Pod,
+    done: &str,
+) -> Result<Report, Error> {
+    let name = pod.name_any();
+    let decided = pod.resource_version();
+    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
     run.before_effect();
-    let written = match api.replace(&t.pod, &PostParams::default(), &pod).await {
+    let written = match api.replace(&name, &PostParams::default(), &pod).await {
         Ok(p) => p,
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(progress(
                 o,
-                &format!("member {} changed; deciding again", t.pod),
+                &format!("member {name} changed; deciding again"),
             ))
         }
-        Err(e) => return Err(e).ctx(|| format!("holding member {}", t.pod)),
+        Err(e) => return Err(e).ctx(|| format!("writing step {step} to member {name}")),
     };
     failpoint::reach("after-effect");
     run.append(
         o.id(),
-        issued(o, Step::Hold, false, decided, written.resource_version()),
+        issued(o, step, false, decided, written.resource_version()),
     )
     .await?;
-    Ok(progress(
-        &current(run, o.id()),
-        &format!("member {} is held; deleting its Pod next", t.pod),
-    ))
+    Ok(progress(&current(run, o.id()), done))
 }
 
 /// The trigger, re-checked on fresh reads before the Pod is deleted: `Err(why it is gone)`.
@@ -612,13 +654,14 @@ async fn delete_pod(
         return complete(run, o, CompletedOutcome::MemberChanged).await;
     };
     if pod.metadata.deletion_timestamp.is_some() && (is_simple || held_by(&pod, o.id())) {
-        let rv = pod.resource_version();
-        run.append(o.id(), issued(o, Step::Pod, true, rv.clone(), rv))
-            .await?;
-        return Ok(progress(
-            &current(run, o.id()),
+        return replayed(
+            run,
+            o,
+            Step::Pod,
+            &pod,
             "Pod found terminating; recorded as replayed",
-        ));
+        )
+        .await;
     }
     if !is_simple && !held_by(&pod, o.id()) {
         return refuse(
@@ -723,44 +766,25 @@ async fn commit(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result
     }
     let mut h = hold_of(&pod).expect("held_by parsed it");
     if h.committed {
-        let rv = pod.resource_version();
-        run.append(o.id(), issued(o, Step::Commit, true, rv.clone(), rv))
-            .await?;
-        return Ok(progress(
-            &current(run, o.id()),
+        return replayed(
+            run,
+            o,
+            Step::Commit,
+            &pod,
             "commit found in place; recorded as replayed",
-        ));
+        )
+        .await;
     }
     h.committed = true;
-    let decided = pod.resource_version();
-    pod.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(
-            REPLACEMENT_CLAIM_ANNOTATION.into(),
-            serde_json::to_string(&h).unwrap_or_default(),
-        );
-    run.before_effect();
-    let written = match api.replace(&t.pod, &PostParams::default(), &pod).await {
-        Ok(p) => p,
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            return Ok(progress(
-                o,
-                &format!("member {} changed; deciding again", t.pod),
-            ))
-        }
-        Err(e) => return Err(e).ctx(|| format!("committing the hold on {}", t.pod)),
-    };
-    failpoint::reach("after-effect");
-    run.append(
-        o.id(),
-        issued(o, Step::Commit, false, decided, written.resource_version()),
-    )
-    .await?;
-    Ok(progress(
-        &current(run, o.id()),
+    set_hold(&mut pod, &h);
+    write_pod(
+        run,
+        o,
+        Step::Commit,
+        pod,
         "committed: the old disk is never reused; retiring it",
-    ))
+    )
+    .await
 }
 
 /// Step 4: the old claim deleted with its recorded UID and RV, once. `None`: retired or kept,
@@ -817,7 +841,7 @@ async fn retire(
         .pods()
         .await?
         .into_iter()
-        .filter(|p| p.metadata.uid != t.pod_uid && uses_claim(p, &name))
+        .filter(|p| p.metadata.uid != t.pod_uid && super::strict::uses_claim(p, &name))
         .map(|p| p.name_any())
         .collect();
     if !users.is_empty() {
@@ -849,16 +873,6 @@ async fn retire(
     failpoint::reach("after-claim-delete");
     run.append(o.id(), retired).await?;
     Ok(None)
-}
-
-fn uses_claim(pod: &Pod, claim: &str) -> bool {
-    pod.spec.as_ref().is_some_and(|s| {
-        s.volumes.iter().flatten().any(|v| {
-            v.persistent_volume_claim
-                .as_ref()
-                .is_some_and(|c| c.claim_name == claim)
-        })
-    })
 }
 
 /// Removes the hold (finalizer, label, annotation; everything else kept) from `pod`.
@@ -1043,13 +1057,7 @@ async fn adopt(run: &mut Run<'_>, pod: &Pod, h: Hold) -> Result<Report, Error> {
     let mut p = pod.clone();
     let mut h2 = h;
     h2.operation_id = Some(id.to_string());
-    p.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(
-            REPLACEMENT_CLAIM_ANNOTATION.into(),
-            serde_json::to_string(&h2).unwrap_or_default(),
-        );
+    set_hold(&mut p, &h2);
     run.ctx.check_lease();
     api.replace(&name, &PostParams::default(), &p)
         .await

@@ -1027,7 +1027,8 @@ async fn retire_claims(run: &mut Run<'_>, o: &Operation) -> Result<Option<Report
     )))
 }
 
-fn uses_claim(pod: &Pod, claim: &str) -> bool {
+/// Whether `pod` mounts claim `claim`.
+pub(super) fn uses_claim(pod: &Pod, claim: &str) -> bool {
     pod.spec.as_ref().is_some_and(|s| {
         s.volumes.iter().flatten().any(|v| {
             v.persistent_volume_claim

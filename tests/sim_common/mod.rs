@@ -173,3 +173,39 @@ pub async fn wait_token_applied(
     )
     .await
 }
+
+/// Accepted deletes of `resource` in `ns` since `audit` was marked, by the operator only (its
+/// User-Agent) or by anyone: (name, precondition UID, precondition resourceVersion).
+pub fn audited_deletes(
+    audit: &celld_testbed::audit::AuditLog,
+    ns: &str,
+    resource: &str,
+    operator_only: bool,
+) -> Vec<(String, String, String)> {
+    let q = celld_testbed::audit::AuditQuery::writes()
+        .verb("delete")
+        .resource(resource)
+        .namespace(ns)
+        .successful();
+    audit
+        .query(&q)
+        .unwrap()
+        .into_iter()
+        .filter(|e| !operator_only || e.user_agent.starts_with("celld-operator/"))
+        .map(|e| {
+            let pre = e
+                .request_object
+                .as_ref()
+                .map(|b| b["preconditions"].clone())
+                .unwrap_or_default();
+            (
+                e.name.clone().unwrap_or_default(),
+                pre["uid"].as_str().unwrap_or_default().to_string(),
+                pre["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
