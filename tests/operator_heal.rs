@@ -295,6 +295,10 @@ async fn administrative_replacement_gives_a_fresh_claim_and_refusals_delete_noth
         .kubectl(&["-n", &ns.name, "describe", "celldfleet", "beta"])
         .unwrap();
     assert!(described.contains("MemberReplaced"), "{described}");
+    assert!(
+        !described.contains("(MemberReplacement) is open"),
+        "the request is not refused by its own operation: {described}"
+    );
     ledger
         .phase(&member_urls(bed, &client, &ns.name, 3).await)
         .await
@@ -1027,6 +1031,213 @@ async fn administrative_replacement_of_a_bucket_member_deletes_only_its_pod() {
         .is_none_or(|p| p.uid() != Some(uid)));
     let f = api.get("omega").await.unwrap();
     assert!(!f.annotations().contains_key(REQUEST));
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// Holds found on Pods: a replacement abandoned after `commit` (the operator was down) leaves a
+/// committed hold; the restarted operator adopts it (`AdoptedHold`, the done steps `Recovered`)
+/// and finishes onto a fresh claim, because the old disk must never be reused after `commit`.
+/// Abandoned after `hold` instead, the orphan hold is recorded and released: the member stays on
+/// its disk.
+#[tokio::test]
+async fn orphan_holds_are_adopted_when_committed_and_released_otherwise() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let tag = "heal-orphan";
+    let ns = fleet_namespace(bed, &client, tag).await;
+    let bucket = bed.unique_bucket("healor").unwrap();
+    let options = |p: Option<&str>| heal_options(bed, tag, &ns.name, p);
+    let op = OperatorProcess::start(&options(None));
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    api.create(&PostParams::default(), &fleet("beta", 3, &bucket))
+        .await
+        .unwrap();
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    let held = |p: &Pod| {
+        p.finalizers()
+            .iter()
+            .any(|f| f == "celld.eric.dev/replacing-disk")
+    };
+
+    // Committed, then abandoned while the operator is down: adopted.
+    let before = claim_uids(&client, &ns.name).await;
+    drop(op);
+    let mut killed = OperatorProcess::start(&options(Some("after-effect:3")));
+    cli(bed, &["replace", &format!("{}/beta", ns.name), "beta-1"]);
+    assert_eq!(killed.exited(Duration::from_secs(180)).await, 3);
+    drop(killed);
+    let first = journal_of(&api.get("beta").await.unwrap())
+        .fold()
+        .current()
+        .map(|o| o.id().to_string())
+        .expect("the replacement is open");
+    cli(
+        bed,
+        &["journal", "abandon", &format!("{}/beta", ns.name), &first],
+    );
+    let op = OperatorProcess::start(&options(None));
+    let adopted = wait_replacement_closed(&api, "beta", 2, &op.log).await;
+    assert_eq!(
+        adopted.intent().reason.as_deref(),
+        Some("AdoptedHold"),
+        "{:?}",
+        adopted.entries()
+    );
+    assert_eq!(
+        adopted.closure().map(|c| c.outcome.as_str()),
+        Some("Succeeded")
+    );
+    let recovered: Vec<String> = adopted
+        .entries()
+        .iter()
+        .filter_map(|e| match e.body() {
+            EntryBody::Recovered(r) => Some(r.effect.step.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        recovered,
+        ["hold", "pod", "commit"],
+        "{:?}",
+        adopted.entries()
+    );
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let after = claim_uids(&client, &ns.name).await;
+    assert_ne!(
+        after.get("data-beta-1"),
+        before.get("data-beta-1"),
+        "never back on the old disk"
+    );
+    assert!(!pods.get("beta-1").await.map(|p| held(&p)).unwrap_or(false));
+
+    // Held, then abandoned: released onto the same disk.
+    let before = claim_uids(&client, &ns.name).await;
+    let uid = pod_uid(&client, &ns.name, "beta-2").await;
+    drop(op);
+    let mut killed = OperatorProcess::start(&options(Some("after-effect:1")));
+    cli(bed, &["replace", &format!("{}/beta", ns.name), "beta-2"]);
+    assert_eq!(killed.exited(Duration::from_secs(180)).await, 3);
+    drop(killed);
+    let second = journal_of(&api.get("beta").await.unwrap())
+        .fold()
+        .current()
+        .map(|o| o.id().to_string())
+        .expect("the replacement is open");
+    cli(
+        bed,
+        &["journal", "abandon", &format!("{}/beta", ns.name), &second],
+    );
+    let op = OperatorProcess::start(&options(None));
+    poll_until("the orphan hold to be released", 60, &op.log, || async {
+        pods.get_opt("beta-2")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| !held(&p))
+    })
+    .await;
+    let f = api.get("beta").await.unwrap();
+    let j = journal_of(&f);
+    let o = j
+        .fold()
+        .operations()
+        .iter()
+        .find(|o| o.id().to_string() == second)
+        .cloned()
+        .unwrap();
+    assert!(
+        o.entries()
+            .iter()
+            .any(|e| matches!(e.body(), EntryBody::Recovered(r) if r.source == "orphan-hold")),
+        "{:?}",
+        o.entries()
+    );
+    assert!(
+        !f.annotations().contains_key(REQUEST),
+        "abandon removes the request"
+    );
+    assert_eq!(
+        pod_uid(&client, &ns.name, "beta-2").await,
+        uid,
+        "the member is kept"
+    );
+    assert_eq!(claim_uids(&client, &ns.name).await, before);
+    ns.delete_and_wait().await.unwrap();
+    drop(op);
+}
+
+/// Scenario 25: a member partitioned from the store fences itself (exit code 3 in `lastState`,
+/// `MemberSelfFenced`) and restarts on the same disk once the partition is gone (its restarted
+/// process starts without the fault): it is not replaced and no disk changes. The replacement
+/// delay is 60 s here, so the seconds the member is down stay well inside it, as minutes do
+/// inside the real 10-minute default.
+#[tokio::test]
+async fn a_self_fenced_member_restarts_on_its_disk_and_is_not_replaced() {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let tag = "heal-fence";
+    let ns = fleet_namespace(bed, &client, tag).await;
+    let bucket = bed.unique_bucket("healfe").unwrap();
+    let mut opts = heal_options(bed, tag, &ns.name, None);
+    for a in opts.extra_args.iter_mut() {
+        if a.starts_with("--test-replacement-delay=") {
+            *a = "--test-replacement-delay=60s".into();
+        }
+    }
+    let op = OperatorProcess::start(&opts);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    api.create(&PostParams::default(), &fleet("beta", 3, &bucket))
+        .await
+        .unwrap();
+    wait_settled(&api, "beta", 3, &op.log).await;
+    let before = claim_uids(&client, &ns.name).await;
+    let uid = pod_uid(&client, &ns.name, "beta-1").await;
+    let audit = bed.audit();
+    let m = bed.member(&client, &ns.name, "beta-1").await.unwrap();
+    m.set_faults(&json!({"store": "partition"})).await.unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns.name);
+    poll_until(
+        "beta-1 to fence itself and come back Ready",
+        180,
+        &op.log,
+        || async {
+            pods.get_opt("beta-1")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| {
+                    let fenced = celld_testbed::pods::container_status(&p, "celld").and_then(|c| {
+                        c.last_state
+                            .as_ref()?
+                            .terminated
+                            .as_ref()
+                            .map(|t| t.exit_code)
+                    }) == Some(3);
+                    fenced && celld_testbed::pods::is_ready(&p)
+                })
+        },
+    )
+    .await;
+    wait_settled(&api, "beta", 3, &op.log).await;
+    assert_eq!(
+        pod_uid(&client, &ns.name, "beta-1").await,
+        uid,
+        "the same Pod, restarted"
+    );
+    assert!(replacements(&api, "beta").await.is_empty());
+    assert_eq!(claim_uids(&client, &ns.name).await, before);
+    assert!(operator_deletes(&audit, &ns.name, "pods").is_empty());
+    assert!(operator_deletes(&audit, &ns.name, "persistentvolumeclaims").is_empty());
+    poll_until("the MemberSelfFenced Event", 60, &op.log, || async {
+        bed.cluster
+            .kubectl(&["-n", &ns.name, "describe", "celldfleet", "beta"])
+            .is_ok_and(|d| d.contains("MemberSelfFenced"))
+    })
+    .await;
     ns.delete_and_wait().await.unwrap();
     drop(op);
 }

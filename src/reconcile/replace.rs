@@ -1102,6 +1102,13 @@ pub(crate) async fn admin_request(
         return refused("the value must be <pod-name>/<pod-uid> (kubectl celld replace NS/FLEET MEMBER sets it)".into());
     };
     if let Some(o) = run.journal.fold().current() {
+        if o.kind() == OperationKind::MemberReplacement
+            && o.intent().reason.as_deref() == Some(ADMINISTRATIVE)
+            && request_of(o.intent()).as_ref() == Some(&value)
+        {
+            // Being served: nothing to refuse.
+            return Ok(None);
+        }
         return refused(format!("operation {} ({}) is open", o.id(), o.kind()));
     }
     if run
