@@ -145,12 +145,26 @@ pub async fn send_command(
     name: &str,
     command: &str,
 ) -> Result<(), kube::Error> {
-    let fleet = api.get(name).await?;
-    let patch = json!({"metadata": {
-        "resourceVersion": fleet.metadata.resource_version,
-        "annotations": {JOURNAL_COMMAND_ANNOTATION: command}
-    }});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
+    // A compare-and-swap on a fresh read; the operator writes the fleet often (journal,
+    // status), so a conflict is read again and retried a few times instead of failing the
+    // person's command.
+    let mut attempt = 0;
+    loop {
+        let fleet = api.get(name).await?;
+        let patch = json!({"metadata": {
+            "resourceVersion": fleet.metadata.resource_version,
+            "annotations": {JOURNAL_COMMAND_ANNOTATION: command}
+        }});
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < 9 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
