@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the controller.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print both CRDs as multi-document YAML.
     Crds,
     /// Print the version, commit and served API version.
@@ -111,6 +111,15 @@ pub struct RunArgs {
     /// disk, instead of 1 minute.
     #[arg(long, hide = true, value_parser = parse_duration)]
     pub test_claim_age: Option<Duration>,
+    /// Test clusters only: `KIND@N[:VERB[:RESOURCE[:NAMESPACE]]]`, inject one API fault
+    /// (timeout-before, lost-response, conflict, throttle, unavailable, reset; `none` only
+    /// counts) into the N-th request matching the filter (src/transport.rs).
+    #[arg(long, hide = true, value_parser = crate::transport::FaultSpec::parse)]
+    pub test_api_fault: Option<crate::transport::FaultSpec>,
+    /// Test clusters only: send writes without the transport's Lease check (the stale-leader
+    /// drill shows the API server refusing a deposed leader's write by its precondition).
+    #[arg(long, hide = true)]
+    pub test_skip_lease_guard: bool,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -251,6 +260,8 @@ impl RunArgs {
             ),
             (self.test_absorb_window.is_some(), "--test-absorb-window"),
             (self.test_claim_age.is_some(), "--test-claim-age"),
+            (self.test_api_fault.is_some(), "--test-api-fault"),
+            (self.test_skip_lease_guard, "--test-skip-lease-guard"),
         ] {
             if set && !self.local_test {
                 return Err(format!("{flag} needs --local-test"));

@@ -283,7 +283,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         http::header::USER_AGENT,
         http::HeaderValue::from_str(&user_agent(&identity))?,
     ));
+    // kube's own retry layer is off: it would retry writes (429/503/504, up to 15 times,
+    // backoff up to 1000 s) below the Lease check. The transport retries reads only and
+    // sends a write only while the Lease is held with the margin (src/transport.rs).
+    config.default_retry = false;
+    let leadership = Leadership::default();
+    let transport = crate::transport::TransportLayer::new(crate::transport::TransportOptions {
+        leadership: Some(leadership.clone()),
+        fault: args.test_api_fault.clone(),
+        skip_lease_guard: args.test_skip_lease_guard,
+        write_timeout: None,
+    });
     let client = kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&transport)
         .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
             metrics.clone(),
         ))
@@ -321,7 +333,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     // Leader election first: a standby never reconciles.
-    let leadership = Leadership::default();
     let mut election = tokio::spawn(leader::run(
         client.clone(),
         args.operator_namespace.clone(),

@@ -1,5 +1,6 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease (behavior.md §1): duration 15 s,
-//! renew every 5 s, retry 2 s. Only the holder reconciles. Every acquisition and renewal
+//! renew every 5 s, retry 2 s; a write needs 5 s of it left. Only the holder reconciles.
+//! Every acquisition and renewal
 //! is a compare-and-swap on the Lease's resourceVersion, so two replicas never both hold
 //! it; a holder that cannot renew in time stops issuing and exits non-zero.
 
@@ -18,6 +19,10 @@ pub const DEFAULT_LEASE_NAME: &str = "celld-operator";
 const DURATION: Duration = Duration::from_secs(15);
 const RENEW: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(2);
+/// What must be left of the Lease, in this process's conservative view, for it to issue a
+/// write: more than any write may take ([`crate::transport::WRITE_TIMEOUT`]), so a write
+/// that passed the check lands or is given up before a standby may take over.
+pub const MARGIN: Duration = Duration::from_secs(5);
 
 /// Shared view of the leadership of this process.
 #[derive(Clone, Default)]
@@ -28,14 +33,24 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// Whether this process holds the Lease with at least 2 s left (checked before each effect).
+    /// Whether this process holds the Lease with at least [`MARGIN`] left (checked before
+    /// each effect and, by the transport, before each write is sent). The view is
+    /// conservative: the Lease is counted from the instant its renewal was *sent*, not
+    /// answered, so a renewal that took 10 s does not extend it by 10 s.
     pub fn holds(&self) -> bool {
         self.leading.load(Ordering::SeqCst)
             && self
                 .renewed_at
                 .lock()
-                .map(|t| t.is_some_and(|t| t.elapsed() + Duration::from_secs(2) < DURATION))
+                .map(|t| t.is_some_and(|t| t.elapsed() + MARGIN < DURATION))
                 .unwrap_or(false)
+    }
+
+    /// Tests: as if the Lease was renewed (sent) at `at`.
+    #[cfg(test)]
+    pub(crate) fn set_held_for_test(&self, at: Instant) {
+        self.leading.store(true, Ordering::SeqCst);
+        *self.renewed_at.lock().expect("lock") = Some(at);
     }
     /// `leaseTransitions` at acquisition (stamped into journal entries).
     pub fn transitions(&self) -> i64 {
@@ -60,6 +75,9 @@ pub async fn run(
     // a conflict (someone else wrote it) costs a fresh GET.
     let mut last: Option<Lease> = None;
     loop {
+        // Taken before the request leaves: the Lease the API server records runs from the
+        // renewTime we send (stamped after this instant), so our view never outlasts it.
+        let sent_at = Instant::now();
         let acquired = try_acquire_or_renew(&api, &name, &identity, &state, &mut last).await;
         match acquired {
             Ok(true) => {
@@ -70,7 +88,7 @@ pub async fn run(
                         "acquired the leader Lease"
                     );
                 }
-                *state.renewed_at.lock().expect("lock") = Some(Instant::now());
+                *state.renewed_at.lock().expect("lock") = Some(sent_at);
                 tokio::time::sleep(RENEW).await;
             }
             Ok(false) => {

@@ -14,5 +14,6 @@ pub mod metrics;
 pub mod reconcile;
 pub mod render;
 pub mod repair;
+pub mod transport;
 pub mod validate;
 pub mod watches;

@@ -42,7 +42,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(celld_operator::controller::run(args))?;
+            runtime.block_on(celld_operator::controller::run(*args))?;
         }
         Command::Replace { target, member } => {
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -16,6 +16,10 @@ pub const OPERATORS_ANNOTATION: &str = "celld.eric.dev/operators";
 pub const REPLACE_MEMBER_ANNOTATION: &str = "celld.eric.dev/replace-member";
 /// `<operationId>/<step>` of the last workload write (workload metadata only).
 pub const EFFECT_ANNOTATION: &str = "celld.eric.dev/effect";
+/// On the workload: `<op>/fenced`, written (with the read resourceVersion) by the replica that
+/// closes an operation whose effect it did not see land, so a write decided on an earlier
+/// read by a deposed leader fails its precondition.
+pub const FENCE_ANNOTATION: &str = "celld.eric.dev/fence";
 /// Last applied restart token (Pod template).
 pub const RESTART_TOKEN_ANNOTATION: &str = "celld.eric.dev/restart-token";
 /// Reservation name (claim template).

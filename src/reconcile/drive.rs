@@ -119,8 +119,19 @@ pub async fn consume_command(run: &mut Run<'_>, value: &str) -> Result<(), Error
             // `after-effect`): the landed effect is recorded as replayed first, so the journal
             // never says "never issued" about a change the world shows.
             if cmd.action == journal::CommandAction::Abandon {
+                // Otherwise the target is fenced first, like any close before issue.
                 if let Some(op) = open_op(run).filter(|o| o.id == cmd.op && !o.issued) {
-                    if op.kind != OperationKind::Delete && effect_landed(run, &op).await? {
+                    if op.kind != OperationKind::Delete
+                        && !super::strict::is_strict(&op.intent)
+                        && op.kind != OperationKind::MemberReplacement
+                    {
+                        match fence_target(run, &op).await? {
+                            Fence::Landed => record_replayed(run, &op).await?,
+                            Fence::Fenced => {}
+                            // Consumed at the next reconcile, after a fresh read.
+                            Fence::Moved => return Ok(()),
+                        }
+                    } else if op.kind != OperationKind::Delete && effect_landed(run, &op).await? {
                         record_replayed(run, &op).await?;
                     }
                 }
@@ -227,13 +238,19 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
         .and_then(|o| journal::deadline::due(o, run.now))
     {
         let canceled = matches!(action, journal::DeadlineAction::Cancel { .. });
-        run.append(action.op(), action.body()).await?;
         if canceled {
+            if close_unissued(run, &op, action.body()).await?.is_none() {
+                return Ok(progress(
+                    &op,
+                    "its workload changed while it was being closed; deciding again",
+                ));
+            }
             return Ok(Report::provisioning(format!(
                 "{} {} passed its deadline before issue and was canceled",
                 op.kind, op.id
             )));
         }
+        run.append(action.op(), action.body()).await?;
     }
     if let Some(blocker) = &op.blocker {
         return Ok(Report::blocked_infra_ready(
@@ -246,8 +263,15 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     }
     if !op.issued {
         if let Some(reason) = cancel_reason(run, &op) {
-            run.append(op.id, EntryBody::Canceled(Canceled { reason }))
-                .await?;
+            if close_unissued(run, &op, EntryBody::Canceled(Canceled { reason }))
+                .await?
+                .is_none()
+            {
+                return Ok(progress(
+                    &op,
+                    "its workload changed while it was being closed; deciding again",
+                ));
+            }
             return Ok(if reason == CancelReason::CanceledBeforeIssue {
                 Report::blocked(
                     "MaintenancePaused",
@@ -438,6 +462,68 @@ pub(crate) async fn effect_landed(run: &Run<'_>, op: &OpenOp) -> Result<bool, Er
     Ok(live.is_some_and(|w| w.marker() == Some(marker.as_str())))
 }
 
+/// What closing an unissued operation found on its target (see [`fence_target`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Fence {
+    /// The workload carries the operation's own marker: the effect landed; record it, never
+    /// cancel it.
+    Landed,
+    /// The target is fenced (or there is none): close the operation.
+    Fenced,
+    /// The workload changed between the read and the fence: decide again.
+    Moved,
+}
+
+/// Before an operation that was not seen to land is closed (canceled or abandoned before
+/// issue), from a fresh read of its workload: when the workload carries the operation's
+/// marker, the effect landed. Otherwise the workload is written back as read with
+/// `celld.eric.dev/fence: <op>/fenced` and the read resourceVersion, so a write this
+/// operation's step decided on an earlier read (a deposed leader's, stopped or stalled in a
+/// connection after its Lease check) fails its precondition instead of landing for an
+/// operation the journal calls closed (docs/operations.md "Stale leaders and fencing").
+/// Without a workload there is nothing to fence: a create carries no precondition, and a
+/// deposed leader's late create is kept out by the transport's Lease check and write timeout.
+pub(crate) async fn fence_target(run: &Run<'_>, op: &OpenOp) -> Result<Fence, Error> {
+    let own = Effect::new(op.id, step_of(op.kind)).to_string();
+    let Some(mut live) = run.workload().await? else {
+        return Ok(Fence::Fenced);
+    };
+    if live.marker() == Some(own.as_str()) {
+        return Ok(Fence::Landed);
+    }
+    live.set_fence(&format!("{}/fenced", op.id));
+    run.ctx.check_lease();
+    match workload::replace(&run.ctx.client, &run.ns, &live).await {
+        Ok(_) => {
+            tracing::info!(fleet = %run.name, op = %op.id, "fenced the workload before closing the operation");
+            Ok(Fence::Fenced)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Fence::Moved),
+        Err(e) => Err(e).ctx(|| format!("fencing the workload before closing {}", op.id)),
+    }
+}
+
+/// Closes an unissued operation with `body` after fencing its target; `None` when it cannot
+/// be closed now (the effect landed and was recorded, or the workload moved): the caller
+/// reports progress and the next reconcile decides again.
+async fn close_unissued(
+    run: &mut Run<'_>,
+    op: &OpenOp,
+    body: EntryBody,
+) -> Result<Option<()>, Error> {
+    match fence_target(run, op).await? {
+        Fence::Fenced => {
+            run.append(op.id, body).await?;
+            Ok(Some(()))
+        }
+        Fence::Landed => {
+            record_replayed(run, op).await?;
+            Ok(None)
+        }
+        Fence::Moved => Ok(None),
+    }
+}
+
 /// Issues the operation's single workload step with the guarded write.
 async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let client = run.ctx.client.clone();
@@ -591,13 +677,15 @@ async fn cancel_predecessor_changed(
     op: &OpenOp,
     why: &str,
 ) -> Result<Report, Error> {
-    run.append(
-        op.id,
-        EntryBody::Canceled(Canceled {
-            reason: CancelReason::PredecessorChanged,
-        }),
-    )
-    .await?;
+    let body = EntryBody::Canceled(Canceled {
+        reason: CancelReason::PredecessorChanged,
+    });
+    if close_unissued(run, op, body).await?.is_none() {
+        return Ok(progress(
+            op,
+            "its workload changed while it was being closed; deciding again",
+        ));
+    }
     integrity::note_canceled(run, fingerprint_of(op));
     Ok(Report::provisioning(format!(
         "{} {} canceled before issue: {why}; planning again",

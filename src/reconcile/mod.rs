@@ -104,12 +104,12 @@ impl Ctx {
         }
     }
 
-    /// Before any effect: the Lease must be held with at least 2 s left; a replica that
+    /// Before any effect: the Lease must be held with at least 5 s left (`leader::MARGIN`); a replica that
     /// lost it stops issuing at once and exits non-zero (behavior.md §1).
     pub fn check_lease(&self) {
         if let Some(l) = &self.leadership {
             if !l.holds() {
-                tracing::error!("the leader Lease is not held with 2 s to spare: exiting before issuing an effect");
+                tracing::error!("the leader Lease is not held with 5 s to spare: exiting before issuing an effect");
                 std::process::exit(1);
             }
         }

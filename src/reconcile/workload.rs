@@ -102,6 +102,13 @@ impl LiveWorkload {
             .get_or_insert_with(Default::default)
             .insert(EFFECT_ANNOTATION.into(), effect.into());
     }
+    /// Sets the fence annotation (see [`crate::api::keys::FENCE_ANNOTATION`]).
+    pub fn set_fence(&mut self, value: &str) {
+        self.meta_mut()
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(crate::api::keys::FENCE_ANNOTATION.into(), value.into());
+    }
     /// Rolled out (behavior.md §0) at `replicas`.
     pub fn rolled_out(&self) -> bool {
         let generation = self.meta().generation.unwrap_or(0);
