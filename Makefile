@@ -106,6 +106,7 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-operator --test operator_sim -- --test-threads=3
 	$(CARGO) test -p celld-operator --test operator_strict -- --test-threads=4
 	$(CARGO) test -p celld-operator --test operator_heal -- --test-threads=4
+	$(CARGO) test -p celld-operator --test operator_faults -- --test-threads=2
 
 test: check test-bed test-cluster
 	@echo "==> all tests passed"

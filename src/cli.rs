@@ -89,7 +89,8 @@ pub struct RunArgs {
     /// Mirror entries kept per fleet.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub journal_retention: u64,
-    /// `NAME[:N]`: exit with code 3 the (N-th) time NAME is reached (needs --local-test).
+    /// `NAME[:N][:stop]`: exit with code 3 (or stop with SIGSTOP) the (N-th) time NAME is
+    /// reached (needs --local-test).
     #[arg(long, value_parser = parse_fault_point)]
     pub fault_point: Option<FaultPoint>,
     /// Test clusters only: the time an operation gets before it is canceled (before issue) or
@@ -152,9 +153,16 @@ pub struct FaultPoint {
     pub name: String,
     /// Fire on the N-th time the boundary is reached (1-based).
     pub nth: u32,
+    /// `NAME:N:stop`: the process stops itself (SIGSTOP) instead of exiting, as a leader
+    /// frozen past its Lease (a GC pause, a frozen VM); SIGCONT resumes it there.
+    pub stop: bool,
 }
 
 fn parse_fault_point(s: &str) -> Result<FaultPoint, String> {
+    let (s, stop) = match s.strip_suffix(":stop") {
+        Some(rest) => (rest, true),
+        None => (s, false),
+    };
     let (name, nth) = match s.split_once(':') {
         Some((n, k)) => (
             n,
@@ -175,6 +183,7 @@ fn parse_fault_point(s: &str) -> Result<FaultPoint, String> {
     Ok(FaultPoint {
         name: name.to_string(),
         nth,
+        stop,
     })
 }
 
@@ -508,7 +517,22 @@ mod tests {
             run.fault_point,
             Some(FaultPoint {
                 name: "after-effect".into(),
-                nth: 2
+                nth: 2,
+                stop: false,
+            })
+        );
+        let Command::Run(run) = parse(&["run", "--fault-point=before-effect:1:stop"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(
+            run.fault_point,
+            Some(FaultPoint {
+                name: "before-effect".into(),
+                nth: 1,
+                stop: true,
             })
         );
         assert!(

@@ -18,6 +18,23 @@ pub fn arm(point: FaultPoint) {
 pub fn reach(name: &str) {
     if let Some((point, count)) = ARMED.get() {
         if point.name == name && count.fetch_add(1, Ordering::SeqCst) + 1 == point.nth {
+            if point.stop {
+                tracing::error!(
+                    failpoint = name,
+                    nth = point.nth,
+                    "failpoint reached: stopping (SIGSTOP) until continued"
+                );
+                eprintln!(
+                    "celld-operator: failpoint {name}:{} reached, stopping until SIGCONT",
+                    point.nth
+                );
+                // SAFETY: raise(2) with a valid signal number has no memory effects.
+                unsafe {
+                    libc::raise(libc::SIGSTOP);
+                }
+                tracing::warn!(failpoint = name, "continued after a stop at the failpoint");
+                return;
+            }
             tracing::error!(
                 failpoint = name,
                 nth = point.nth,

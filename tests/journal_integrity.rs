@@ -581,9 +581,14 @@ async fn a_resumed_growth_rechecks_the_claims_it_would_attach() {
         text.contains("\"PredecessorChanged\""),
         "the resumed growth was canceled before its write: {text}"
     );
+    // The cancel fenced the StatefulSet (one write that keeps its spec); no write asked for
+    // the second member.
+    assert!(audit_writes(c, &ns.name, "statefulsets", "mu", None) > writes_before);
     assert_eq!(
-        audit_writes(c, &ns.name, "statefulsets", "mu", None),
-        writes_before,
+        celld_harness::audit::writes_matching(c, &ns.name, "statefulsets", "mu", |o| {
+            o["spec"]["replicas"] == 2
+        }),
+        0,
         "the StatefulSet was not scaled onto the foreign claim"
     );
     let still = claims.get("data-mu-1").await.unwrap();

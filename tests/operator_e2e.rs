@@ -539,11 +539,28 @@ async fn pause_cancels_an_operation_still_in_intent() {
     .await;
     assert_eq!(outcome, "CanceledBeforeIssue");
     tokio::time::sleep(Duration::from_secs(3)).await;
+    // One workload write while paused: the fence written before the cancel (it moves the
+    // resourceVersion so a write decided on an earlier read fails); replicas and marker are
+    // as they were.
     assert_eq!(
         audit_writes(c, &ns.name, "statefulsets", "zeta", None),
-        writes,
-        "no workload write while paused"
+        writes + 1,
+        "no workload write while paused but the fence"
     );
+    let sts: StatefulSet = Api::namespaced(client.clone(), &ns.name)
+        .get("zeta")
+        .await
+        .unwrap();
+    let fence = sts
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("celld.eric.dev/fence").cloned());
+    assert!(
+        fence.as_deref().is_some_and(|f| f.ends_with("/fenced")),
+        "{fence:?}"
+    );
+    assert_eq!(sts.spec.and_then(|s| s.replicas), Some(4));
     reason(&api, "zeta", "MaintenancePaused").await;
     // While paused nothing starts: no restart, no upgrade, no drift repair (§9).
     api.patch(

@@ -39,6 +39,23 @@ pub fn writes(c: &Cluster, ns: &str, resource: &str, name: &str, marker: Option<
         .count()
 }
 
+/// Successful creates, updates and patches of `resource` `ns/name` itself whose request body
+/// satisfies `pred` (e.g. asks for some replica count).
+pub fn writes_matching(
+    c: &Cluster,
+    ns: &str,
+    resource: &str,
+    name: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> usize {
+    succeeded(c)
+        .iter()
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .filter(|e| names(e, ns, resource, name) && e["objectRef"]["subresource"].is_null())
+        .filter(|e| pred(&e["requestObject"]))
+        .count()
+}
+
 /// Successful deletes of `resource` `ns/name`.
 pub fn deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
     succeeded(c)

@@ -106,6 +106,31 @@ impl OperatorProcess {
         self.exited(within).await
     }
 
+    /// The process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `STOP`, `CONT`, `KILL`) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Whether the process is stopped (state `T` in /proc/PID/stat).
+    pub fn is_stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+            })
+            .is_some_and(|state| state == "T")
+    }
+
     /// Where the log is.
     pub fn log(&self) -> &Path {
         &self.log
