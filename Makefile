@@ -18,7 +18,7 @@ KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl -
 
 .PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
         chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench bench-journal bench-strict \
-        bench-operator fuzz clean-cluster help
+        bench-operator fuzz clean-cluster drills help
 
 all: build
 
@@ -106,7 +106,7 @@ test-cluster: control-plane store-tools
 	$(CARGO) test -p celld-operator --test operator_sim -- --test-threads=3
 	$(CARGO) test -p celld-operator --test operator_strict -- --test-threads=4
 	$(CARGO) test -p celld-operator --test operator_heal -- --test-threads=4
-	$(CARGO) test -p celld-operator --test operator_faults -- --test-threads=2
+	$(CARGO) test -p celld-operator --test operator_faults -- --test-threads=3 --nocapture
 
 test: check test-bed test-cluster
 	@echo "==> all tests passed"
@@ -158,6 +158,13 @@ bench-operator: control-plane
 	$(CARGO) build --release -p celld-operator -p celld-test-kubelet -p celld-bench
 	@echo "==> operator benchmark (~12 min with the defaults; progress on stderr)"
 	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
+
+## drills: the exhaustive fault drills (tests/operator_faults.rs, `--ignored`): every API fault
+## kind on every write a Scale contraction and growth send (one operator process per run, a
+## table of operation x fault kind at the end; ~20 min). `make test` runs the bounded subset.
+drills: control-plane store-tools
+	@echo "==> exhaustive fault drills (table on stderr at the end)"
+	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=1
 
 ## fuzz: bounded fuzzing of the journal decoder and command parser.
 FUZZ_SECONDS ?= 60

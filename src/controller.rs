@@ -340,19 +340,27 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity.clone(),
         leadership.clone(),
     ));
-    let stop = Arc::new(tokio::sync::Notify::new());
+    // A watch, not a Notify: a signal that arrives while no one waits yet (between the
+    // standby loop and the controller's start, e.g. during replay) is still seen by every
+    // later wait. Found by the random-kill drill: a SIGTERM during start-up was lost.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stopping| *stopping).await;
+        }
+    };
     {
-        let stop = stop.clone();
         tokio::spawn(async move {
             termination().await;
             tracing::info!("termination signal: finishing running reconciles");
-            stop.notify_waiters();
+            let _ = stop_tx.send(true);
             // A second signal ends the process at once.
             termination().await;
             std::process::exit(1);
         });
     }
-    let stopped = stop.notified();
+    let stopped = stop();
     tokio::pin!(stopped);
     // A standby is ready as soon as it runs (it keeps no caches and issues nothing), so a
     // two-replica install becomes Ready; the leader is ready again once journals are replayed.
@@ -436,16 +444,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Controller::new(fleets, watcher::Config::default())
             .with_config(kube::runtime::controller::Config::default().concurrency(4))
             .reconcile_on(trigger)
-            .graceful_shutdown_on({
-                let stop = stop.clone();
-                async move { stop.notified().await }
-            })
+            .graceful_shutdown_on(stop())
             .run(reconcile_fleet, error_policy, ctx.clone())
             .boxed()
     });
     let controller = futures::stream::select_all(controllers).for_each(|_| async {});
     let bounded = async {
-        stop.notified().await;
+        stop().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {

@@ -13,6 +13,7 @@
 
 mod e2e_common;
 
+use celld_harness::audit::marker_of;
 use celld_harness::operator::OperatorProcess;
 use celld_operator::api::CelldFleet;
 use e2e_common::*;
@@ -199,4 +200,323 @@ async fn a_frozen_leader_issues_nothing_after_the_takeover() {
 async fn a_frozen_leaders_write_is_refused_by_the_fence() {
     let _guard = isolated().await;
     stale_leader_drill("fence", true).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// The API fault sweep: one operator process per run, with one fault injected into the i-th
+// write the operator sends to the fleet's namespace (journal appends, status, Events,
+// workload writes). Each operation is first run clean with `--test-api-fault=none@1:...`,
+// which counts the matching requests; then once per (index × fault kind).
+
+/// One operation the sweep runs: the replica count it asks for from the one it starts at.
+#[derive(Clone, Copy)]
+struct SweepOp {
+    label: &'static str,
+    from: i32,
+    to: i32,
+}
+
+const CONTRACTION: SweepOp = SweepOp {
+    label: "Scale contraction",
+    from: 4,
+    to: 3,
+};
+const GROWTH: SweepOp = SweepOp {
+    label: "Scale growth",
+    from: 3,
+    to: 4,
+};
+
+#[derive(Default)]
+struct Row {
+    runs: usize,
+    passed: usize,
+    duplicates: usize,
+    stuck: usize,
+}
+
+impl Row {
+    /// Counts one run; whether it passed (settled, exactly one write with its marker).
+    fn record(&mut self, out: &RunOutcome) -> bool {
+        let duplicate = out.marker_writes != 1;
+        self.runs += 1;
+        self.duplicates += usize::from(duplicate);
+        self.stuck += usize::from(!out.settled);
+        let passed = out.settled && !duplicate;
+        self.passed += usize::from(passed);
+        passed
+    }
+}
+
+/// Result of one run: whether it settled, the faulted request (from the operator's log), the
+/// accepted writes carrying the operation's effect marker, and whether the journal verified.
+struct RunOutcome {
+    settled: bool,
+    faulted: Option<String>,
+    marker_writes: usize,
+    counted: usize,
+    elapsed: Duration,
+}
+
+fn log_since(path: &std::path::Path, offset: u64) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
+}
+
+async fn sweep_run(
+    c: &celld_harness::Cluster,
+    api: &Api<CelldFleet>,
+    ns: &str,
+    op: SweepOp,
+    fault: &str,
+    kill_after: Option<Duration>,
+) -> RunOutcome {
+    let at = api
+        .get("sl")
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.applied_replicas);
+    assert_eq!(
+        at,
+        Some(op.from),
+        "{} starts at {} members",
+        op.label,
+        op.from
+    );
+    let ident = "celld-operator-e2e";
+    let log_path = test_dir().join(ident).join("operator.log");
+    let offset = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+    let fault = fault.to_string();
+    let mut operator = Operator::start_with(|o| {
+        o.metrics_addr = None;
+        o.extra_args.push(format!("--test-api-fault={fault}"));
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = Instant::now();
+    c.kubectl(&[
+        "-n",
+        ns,
+        "scale",
+        "celldfleet/sl",
+        &format!("--replicas={}", op.to),
+    ])
+    .unwrap();
+    if let Some(delay) = kill_after {
+        // A kill at an arbitrary instant, then a clean restart that must finish the job.
+        tokio::time::sleep(delay).await;
+        operator.signal("KILL");
+        let _ = operator.exited(Duration::from_secs(10)).await;
+        drop(operator);
+        operator = Operator::start_with(|o| o.metrics_addr = None);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut settled = false;
+    while Instant::now() < deadline {
+        let done = api
+            .get("sl")
+            .await
+            .ok()
+            .and_then(|f| f.status)
+            .is_some_and(|s| {
+                s.current_operation.is_none()
+                    && s.ready_replicas == Some(op.to)
+                    && s.applied_replicas == Some(op.to)
+                    && s.recent_operations
+                        .first()
+                        .is_some_and(|o| o.outcome == "Succeeded")
+            });
+        if done {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let elapsed = started.elapsed();
+    // Settled or not, what it wrote is final once it stops.
+    let _ = operator.terminate(Duration::from_secs(30)).await;
+    drop(operator);
+    let log = log_since(&log_path, offset);
+    let faulted = log
+        .lines()
+        .find(|l| l.contains("celld-operator: api fault"))
+        .map(|l| l.trim().to_string());
+    let counted = log
+        .lines()
+        .filter(|l| l.contains("api request counted"))
+        .count()
+        + usize::from(faulted.is_some());
+    let marker = marker_of(c, ns, "deployment", "sl");
+    let marker_writes = celld_harness::audit::writes(c, ns, "deployments", "sl", Some(&marker));
+    verify_journal(ns, "sl", Some(&test_dir().join(ident).join("journal")));
+    RunOutcome {
+        settled,
+        faulted,
+        marker_writes,
+        counted,
+        elapsed,
+    }
+}
+
+/// Runs the sweep over `ops` with faults of `kinds` injected into the writes matching
+/// `filter` (`VERB:RESOURCE`, the namespace is added); prints the table and fails on any
+/// duplicate effect or stuck run.
+async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
+    let (c, client, ns) = setup(tag).await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    {
+        let _settle = Operator::start(None);
+        create_ready(&api, &fleet("sl", "Bucket", 4, &unique_bucket("sw")), 4).await;
+    }
+    let filter = format!("{filter}:{}", ns.name);
+    // Clean runs: how many matching requests each operation sends.
+    let mut counts = Vec::new();
+    for op in [CONTRACTION, GROWTH] {
+        let out = sweep_run(c, &api, &ns.name, op, &format!("none@1:{filter}"), None).await;
+        assert!(out.settled, "{} did not settle in its clean run", op.label);
+        assert_eq!(out.marker_writes, 1, "{}: one write per marker", op.label);
+        counts.push((op, out.counted, out.elapsed));
+    }
+    eprintln!(
+        "sweep {tag}: matching requests per clean run: {}",
+        counts
+            .iter()
+            .map(|(op, n, t)| format!("{} = {n} ({t:?})", op.label))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut table: std::collections::BTreeMap<(String, String), Row> = Default::default();
+    let mut failures = Vec::new();
+    let max = counts.iter().map(|(_, n, _)| *n).max().unwrap_or(0);
+    for index in 1..=max {
+        for kind in kinds {
+            // Contraction then growth, so each run starts where its operation expects.
+            for (op, count, _) in &counts {
+                let fault = if index <= *count {
+                    format!("{kind}@{index}:{filter}")
+                } else {
+                    format!("none@1:{filter}")
+                };
+                let out = sweep_run(c, &api, &ns.name, *op, &fault, None).await;
+                if index > *count {
+                    assert!(out.settled, "{}: a clean run did not settle", op.label);
+                    continue;
+                }
+                let passed = table
+                    .entry((op.label.to_string(), kind.to_string()))
+                    .or_default()
+                    .record(&out);
+                if !passed {
+                    failures.push(format!(
+                        "{} {kind}@{index}: settled={} marker writes={} faulted={:?}",
+                        op.label, out.settled, out.marker_writes, out.faulted
+                    ));
+                }
+                eprintln!(
+                    "sweep {tag}: {} {kind}@{index}: {} ({})",
+                    op.label,
+                    if passed { "ok" } else { "FAILED" },
+                    out.faulted.as_deref().unwrap_or("no request faulted")
+                );
+                if !out.settled {
+                    // Bring it back to where the next run starts, without faults.
+                    let back =
+                        sweep_run(c, &api, &ns.name, *op, &format!("none@1:{filter}"), None).await;
+                    assert!(back.settled, "{} did not recover without faults", op.label);
+                }
+            }
+        }
+    }
+    // Kills at uniformly random instants inside each operation (seeded, re-runnable with
+    // CELLD_DRILL_SEED), each followed by a clean restart.
+    let seed: u64 = std::env::var("CELLD_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    let mut rng = seed | 1;
+    eprintln!("sweep {tag}: random kills, CELLD_DRILL_SEED={seed}");
+    for round in 0..kills {
+        for (op, _, clean) in &counts {
+            // xorshift64: uniform enough for picking an instant.
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let window = clean.as_millis().max(1) as u64;
+            let delay = Duration::from_millis(rng % window);
+            let out = sweep_run(
+                c,
+                &api,
+                &ns.name,
+                *op,
+                &format!("none@1:{filter}"),
+                Some(delay),
+            )
+            .await;
+            let passed = table
+                .entry((op.label.to_string(), "kill (random)".to_string()))
+                .or_default()
+                .record(&out);
+            if !passed {
+                failures.push(format!(
+                    "{} kill #{round} at {delay:?} (seed {seed}): settled={} marker writes={}",
+                    op.label, out.settled, out.marker_writes
+                ));
+            }
+            eprintln!(
+                "sweep {tag}: {} kill at {delay:?}: {}",
+                op.label,
+                if passed { "ok" } else { "FAILED" }
+            );
+        }
+    }
+    eprintln!("\nsweep {tag} ({filter}):");
+    eprintln!(
+        "{:<20} {:<16} {:>5} {:>7} {:>10} {:>6}",
+        "operation", "fault", "runs", "passed", "duplicate", "stuck"
+    );
+    for ((op, kind), row) in &table {
+        eprintln!(
+            "{op:<20} {kind:<16} {:>5} {:>7} {:>10} {:>6}",
+            row.runs, row.passed, row.duplicates, row.stuck
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "sweep failures:\n{}",
+        failures.join("\n")
+    );
+    // The namespace goes while an operator runs (it removes the fleet's finalizer).
+    let _operator = Operator::start_with(|o| o.metrics_addr = None);
+    cleanup(&client, ns).await;
+}
+
+/// The bounded sweep of `make test`: every fault kind on the workload writes of a Bucket
+/// contraction and growth, and two kills at random instants inside each.
+#[tokio::test]
+async fn api_faults_on_workload_writes_never_duplicate_an_effect() {
+    let _guard = isolated().await;
+    sweep("sweep-wl", "write:deployments", &ALL_KINDS, 2).await;
+}
+
+const ALL_KINDS: [&str; 6] = [
+    "timeout-before",
+    "lost-response",
+    "conflict",
+    "throttle",
+    "unavailable",
+    "reset",
+];
+
+/// `make drills`: every fault kind on every write the operator sends to the namespace, and
+/// ten kills at random instants inside each operation.
+#[tokio::test]
+#[ignore = "exhaustive: make drills"]
+async fn api_faults_on_every_write_never_duplicate_an_effect() {
+    let _guard = isolated().await;
+    sweep("sweep-all", "write:*", &ALL_KINDS, 10).await;
 }
