@@ -292,7 +292,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership: Some(leadership.clone()),
         fault: args.test_api_fault.clone(),
         skip_lease_guard: args.test_skip_lease_guard,
-        write_timeout: None,
     });
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&transport)

@@ -140,6 +140,28 @@ impl FaultKind {
         }
     }
 
+    /// The API server's answer a fault stands in for, when it is one (the request is not sent).
+    fn synthetic(self) -> Option<(StatusCode, &'static str, &'static str)> {
+        Some(match self {
+            FaultKind::Conflict => (
+                StatusCode::CONFLICT,
+                "Conflict",
+                "injected conflict: the object has been modified; please apply your changes to the latest version and try again",
+            ),
+            FaultKind::Throttle => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                "injected throttle: too many requests, please try again later",
+            ),
+            FaultKind::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "injected unavailable: the server is currently unable to handle the request",
+            ),
+            _ => return None,
+        })
+    }
+
     fn parse(s: &str) -> Option<Self> {
         [FaultKind::None]
             .into_iter()
@@ -233,8 +255,6 @@ pub struct TransportOptions {
     /// Test clusters only: leave the Lease guard out, so a drill can show that a write sent
     /// by a deposed leader is refused by the API server (the fence), not only by the guard.
     pub skip_lease_guard: bool,
-    /// Replaces [`WRITE_TIMEOUT`] (tests).
-    pub write_timeout: Option<Duration>,
 }
 
 /// The layer (see the module documentation).
@@ -411,7 +431,7 @@ where
         let limit = match info.verb {
             "watch" => None,
             "get" | "list" => Some(READ_TIMEOUT),
-            _ => Some(self.opts.write_timeout.unwrap_or(WRITE_TIMEOUT)),
+            _ => Some(WRITE_TIMEOUT),
         };
         let timed_out = |limit: Duration| {
             io_error(
@@ -419,6 +439,9 @@ where
                 format!("{info}: no answer within {limit:?}"),
             )
         };
+        if let Some((code, reason, message)) = fault.and_then(FaultKind::synthetic) {
+            return Ok(status_response(code, reason, message));
+        }
         match fault {
             Some(FaultKind::TimeoutBefore) => {
                 return Err(io_error(
@@ -426,34 +449,15 @@ where
                     format!("{info}: injected timeout-before (not sent)"),
                 ))
             }
-            Some(FaultKind::Conflict) => {
-                return Ok(status_response(
-                    StatusCode::CONFLICT,
-                    "Conflict",
-                    "injected conflict: the object has been modified; please apply your changes to the latest version and try again",
-                ))
-            }
-            Some(FaultKind::Throttle) => {
-                return Ok(status_response(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "TooManyRequests",
-                    "injected throttle: too many requests, please try again later",
-                ))
-            }
-            Some(FaultKind::Unavailable) => {
-                return Ok(status_response(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "ServiceUnavailable",
-                    "injected unavailable: the server is currently unable to handle the request",
-                ))
-            }
             Some(FaultKind::Reset) => {
                 return Err(io_error(
                     std::io::ErrorKind::ConnectionReset,
-                    format!("{info}: injected reset (connection dropped before the request was sent)"),
+                    format!(
+                        "{info}: injected reset (connection dropped before the request was sent)"
+                    ),
                 ))
             }
-            Some(FaultKind::LostResponse) | Some(FaultKind::None) | None => {}
+            _ => {}
         }
         let sent = async {
             let mut inner = self.inner.lock().await;
