@@ -160,8 +160,9 @@ bench-operator: control-plane
 	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
 
 ## drills: the exhaustive fault drills (tests/operator_faults.rs, `--ignored`): every API fault
-## kind on every write a Scale contraction and growth send (one operator process per run, a
-## table of operation x fault kind at the end; ~20 min). `make test` runs the bounded subset.
+## kind on every write each operation kind sends (one operator process per run, a table of
+## operation x fault kind at the end), and twelve leaders frozen at random instants; about an
+## hour. `make test` runs the bounded subset.
 drills: control-plane store-tools
 	@echo "==> exhaustive fault drills (table on stderr at the end)"
 	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=1

@@ -349,6 +349,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let _ = rx.wait_for(|stopping| *stopping).await;
         }
     };
+    let stop_on_lost_lease = stop_tx.clone();
     {
         tokio::spawn(async move {
             termination().await;
@@ -448,15 +449,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .boxed()
     });
     let controller = futures::stream::select_all(controllers).for_each(|_| async {});
+    tokio::pin!(controller);
     let bounded = async {
         stop().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {
-        _ = controller => tracing::info!("controller stopped"),
+        _ = &mut controller => tracing::info!("controller stopped"),
         _ = bounded => tracing::warn!("running reconciles did not finish within {SHUTDOWN_GRACE:?}; stopping anyway"),
         result = &mut election => {
             let err = result.map_err(anyhow::Error::from).and_then(|r| r).err();
+            // No new reconcile starts; running ones end at their next write, which the
+            // transport refuses without the Lease (a request already sent gets its answer
+            // instead of being cut off mid-flight, so the audit log shows how the API server
+            // decided it). Bounded, then the process exits non-zero.
+            tracing::error!("lost the leader Lease: no new reconcile starts; exiting once running ones end (at most {LOST_LEASE_GRACE:?})");
+            let _ = stop_on_lost_lease.send(true);
+            if tokio::time::timeout(LOST_LEASE_GRACE, &mut controller).await.is_err() {
+                tracing::warn!("running reconciles did not end within {LOST_LEASE_GRACE:?}");
+            }
+            metrics.leader.set(0);
             anyhow::bail!("leader election ended: {}", err.map(|e| e.to_string()).unwrap_or_default());
         }
     }
@@ -481,6 +493,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// How long running reconciles get to reach a boundary on SIGTERM (behavior.md §1).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long running reconciles get to end after the Lease was lost: longer than the
+/// transport's write timeout (4 s), so a write already sent gets its answer.
+const LOST_LEASE_GRACE: Duration = Duration::from_secs(5);
 
 /// SIGTERM or SIGINT.
 async fn termination() {

@@ -521,13 +521,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
         ),
         other => panic!("the last entry is {other:?}, not the contraction's Intent"),
     }
-    api.patch(
-        "zeta",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
-    )
-    .await
-    .unwrap();
+    set_paused(&api, "zeta", true).await;
     let running = Operator::start(None);
     let outcome = until("the Scale to be canceled", 60, &api, "zeta", || async {
         let s = api.get("zeta").await.ok()?.status?;
@@ -592,13 +586,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     assert!(st.current_operation.is_none(), "{:?}", st.current_operation);
     assert_ne!(st.last_restart_token.as_deref(), Some("paused-1"));
     // Unpausing resumes: the contraction, the restart and the repair are planned and complete.
-    api.patch(
-        "zeta",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": false}}})),
-    )
-    .await
-    .unwrap();
+    set_paused(&api, "zeta", false).await;
     until(
         "everything asked while paused to be done",
         180,
@@ -637,13 +625,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
         .unwrap();
     assert_eq!(op.exited(Duration::from_secs(60)).await, 3);
     drop(op);
-    api.patch(
-        "zeta",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
-    )
-    .await
-    .unwrap();
+    set_paused(&api, "zeta", true).await;
     let _op = Operator::start(None);
     let outcome = until(
         "the issued Scale to complete while paused",
@@ -663,13 +645,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     )
     .await;
     assert_eq!(outcome, "Succeeded");
-    api.patch(
-        "zeta",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": false}}})),
-    )
-    .await
-    .unwrap();
+    set_paused(&api, "zeta", false).await;
     cleanup(&client, ns).await;
 }
 

@@ -15,10 +15,13 @@ mod e2e_common;
 
 use celld_harness::audit::marker_of;
 use celld_harness::operator::OperatorProcess;
+use celld_harness::TestNamespace;
 use celld_operator::api::CelldFleet;
 use e2e_common::*;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::ResourceExt;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -45,12 +48,25 @@ async fn lease_held_by(client: &kube::Client, ns: &str, name: &str, identity: &s
     }
 }
 
-async fn stale_leader_drill(tag: &str, skip_guard: bool) {
+/// What the frozen leader was about to change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Frozen {
+    /// A Scale 4 → 3: its write is the Deployment update.
+    Scale,
+    /// An administrative MemberReplacement of a Bucket member: its write is the Pod delete
+    /// (UID + resourceVersion).
+    Replacement,
+}
+
+/// What the deposed leader A sent to the target after the takeover (`verb resource code by
+/// user-agent`), once the drill's own checks passed.
+async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<String> {
     let (c, client, ns) = setup(tag).await;
     let admin = c.admin_kubeconfig.clone();
     let operator_ns = format!("celld-e2e-{tag}");
     let _ = c.kubectl(&["create", "namespace", &operator_ns]);
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let replica = |identity: &str, fault: Option<&str>, extra: &[&str]| {
         let mut opts = Operator::options(fault, &admin, &operator_ns, identity);
         opts.metrics_addr = None;
@@ -62,11 +78,24 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool) {
         create_ready(&api, &fleet("sl", "Bucket", 4, &unique_bucket("sl")), 4).await;
         assert_eq!(settle.terminate(Duration::from_secs(30)).await, 0);
     }
-    let workloads = |events: &[AuditEvent]| -> Vec<String> {
+    // The object A's write targets: the Deployment, or one member Pod.
+    let member = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none());
+    let (resource, target) = match what {
+        Frozen::Scale => ("deployments", "sl".to_string()),
+        Frozen::Replacement => ("pods", member.as_ref().expect("a member Pod").name_any()),
+    };
+    let member_uid = member.as_ref().and_then(|p| p.uid());
+    let writes_to_target = |events: &[AuditEvent]| -> Vec<String> {
         events
             .iter()
-            .filter(|e| matches!(e.resource.as_str(), "deployments" | "statefulsets"))
-            .filter(|e| e.name.as_deref() == Some("sl") && e.is_write())
+            .filter(|e| e.resource == resource && e.is_write())
+            .filter(|e| e.name.as_deref() == Some(target.as_str()))
             .filter(|e| e.namespace.as_deref() == Some(ns.name.as_str()))
             .map(|e| format!("{} {} {:?} by {}", e.verb, e.resource, e.code, e.user_agent))
             .collect()
@@ -82,8 +111,27 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool) {
     let a = replica(&id_a, Some("before-effect:1:stop"), guard);
     lease_held_by(&client, &operator_ns, &lease_name(), &id_a).await;
     let audit = audit_from_now();
-    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/sl", "--replicas=3"])
-        .unwrap();
+    match what {
+        Frozen::Scale => {
+            c.kubectl(&["-n", &ns.name, "scale", "celldfleet/sl", "--replicas=3"])
+                .unwrap();
+        }
+        Frozen::Replacement => {
+            let request = format!("{target}/{}", member_uid.clone().unwrap_or_default());
+            api.patch(
+                "sl",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "celld.eric.dev/replace-member": request}}})),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let kind = match what {
+        Frozen::Scale => "Scale",
+        Frozen::Replacement => "MemberReplacement",
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     while !a.is_stopped() {
         assert!(
@@ -94,37 +142,41 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // While A is frozen, after its Lease check: the fleet is paused.
-    api.patch(
-        "sl",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": true}}})),
-    )
-    .await
-    .unwrap();
+    set_paused(&api, "sl", true).await;
     let _b = replica(&id_b, None, &[]);
-    let outcome = until("B to cancel the Scale", 90, &api, "sl", || async {
-        let s = api.get("sl").await.ok()?.status?;
-        s.recent_operations
-            .first()
-            .filter(|o| format!("{:?}", o.kind) == "Scale")
-            .map(|o| o.outcome.clone())
-    })
+    let outcome = until(
+        &format!("B to cancel the {kind}"),
+        90,
+        &api,
+        "sl",
+        || async {
+            let s = api.get("sl").await.ok()?.status?;
+            s.recent_operations
+                .first()
+                .filter(|o| format!("{:?}", o.kind) == kind)
+                .map(|o| o.outcome.clone())
+        },
+    )
     .await;
     assert_eq!(outcome, "CanceledBeforeIssue");
-    let deployment: k8s_openapi::api::apps::v1::Deployment =
-        Api::namespaced(client.clone(), &ns.name)
-            .get("sl")
-            .await
-            .unwrap();
-    let fence = deployment
-        .metadata
-        .annotations
+    let annotations = match what {
+        Frozen::Scale => {
+            let d: k8s_openapi::api::apps::v1::Deployment =
+                Api::namespaced(client.clone(), &ns.name)
+                    .get("sl")
+                    .await
+                    .unwrap();
+            d.metadata.annotations
+        }
+        Frozen::Replacement => pods.get(&target).await.unwrap().metadata.annotations,
+    };
+    let fence = annotations
         .as_ref()
         .and_then(|a| a.get("celld.eric.dev/fence").cloned())
         .unwrap_or_default();
     assert!(
         fence.ends_with("/fenced"),
-        "B fenced the workload before canceling: {fence:?}"
+        "B fenced {resource}/{target} before canceling: {fence:?}"
     );
     // A wakes up with its write decided on the read before the fence.
     a.signal("CONT");
@@ -149,83 +201,325 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool) {
         late.is_empty(),
         "writes by the deposed leader were accepted after the takeover: {late:?}"
     );
-    let by_a: Vec<String> = workloads(&events[takeover..])
+    let by_a: Vec<String> = writes_to_target(&events[takeover..])
         .into_iter()
         .filter(|w| w.contains(&by_a))
         .collect();
     let log = std::fs::read_to_string(a.log()).unwrap_or_default();
     if skip_guard {
-        // The write went out and the fence refused it.
+        // The write went out (the caller checks how it was refused).
         assert!(
-            by_a.iter()
-                .any(|w| w.starts_with("update") && w.contains("Some(409)")),
-            "A's decided write was sent and refused with 409: {by_a:?}\n{}",
-            workloads(&events).join("\n")
+            !by_a.is_empty(),
+            "A's decided write was sent: {by_a:?}\n{}",
+            writes_to_target(&events).join("\n")
         );
     } else {
-        assert!(by_a.is_empty(), "A sent no workload write: {by_a:?}");
+        assert!(by_a.is_empty(), "A sent no write to the target: {by_a:?}");
         assert!(
             log.contains("not sent"),
             "A's transport refused to send: {}",
             a.log().display()
         );
     }
-    let deployment: k8s_openapi::api::apps::v1::Deployment =
-        Api::namespaced(client.clone(), &ns.name)
-            .get("sl")
-            .await
-            .unwrap();
-    assert_eq!(
-        deployment.spec.and_then(|s| s.replicas),
-        Some(4),
-        "no contraction on the paused fleet"
-    );
-    api.patch(
-        "sl",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"maintenance": {"paused": false}}})),
-    )
-    .await
-    .unwrap();
+    match what {
+        Frozen::Scale => {
+            let d: k8s_openapi::api::apps::v1::Deployment =
+                Api::namespaced(client.clone(), &ns.name)
+                    .get("sl")
+                    .await
+                    .unwrap();
+            assert_eq!(
+                d.spec.and_then(|s| s.replicas),
+                Some(4),
+                "no contraction on the paused fleet"
+            );
+        }
+        Frozen::Replacement => {
+            let p = pods.get_opt(&target).await.unwrap();
+            assert!(
+                p.as_ref().is_some_and(
+                    |p| p.uid() == member_uid && p.metadata.deletion_timestamp.is_none()
+                ),
+                "the member of the canceled replacement was not deleted: {:?}",
+                p.map(|p| p.metadata)
+            );
+        }
+    }
+    set_paused(&api, "sl", false).await;
     cleanup(&client, ns).await;
+    by_a
 }
 
 #[tokio::test]
 async fn a_frozen_leader_issues_nothing_after_the_takeover() {
     let _guard = isolated().await;
-    stale_leader_drill("stale", false).await;
+    stale_leader_drill("stale", false, Frozen::Scale).await;
+}
+
+/// Without the guard, A's write reaches the API server and is refused with 409 because B
+/// fenced the target. Woken up, A also finds its Lease lost; it lets the running reconcile
+/// end before exiting, so the write already sent gets its answer. (It used to exit at once,
+/// which cut the request off: the API server then recorded 504 "context canceled" instead of
+/// the fence's 409 — found in CI, in 2 of 3 runs on a loaded machine.)
+async fn fence_drill(tag: &str, what: Frozen, verb: &str) {
+    let by_a = stale_leader_drill(tag, true, what).await;
+    eprintln!("fence drill {tag}: A's writes to the target after the takeover: {by_a:?}");
+    assert!(
+        by_a.iter()
+            .any(|w| w.starts_with(verb) && w.contains("Some(409)")),
+        "A's {verb} was sent and refused with 409 by the fence: {by_a:?}"
+    );
 }
 
 #[tokio::test]
 async fn a_frozen_leaders_write_is_refused_by_the_fence() {
     let _guard = isolated().await;
-    stale_leader_drill("fence", true).await;
+    fence_drill("fence", Frozen::Scale, "update").await;
+}
+
+/// A MemberReplacement canceled before issue fences its member Pod: the deposed leader's Pod
+/// delete (UID + resourceVersion) fails instead of deleting a member for a canceled operation.
+#[tokio::test]
+async fn a_frozen_leaders_member_delete_is_refused_by_the_pod_fence() {
+    let _guard = isolated().await;
+    fence_drill("podfence", Frozen::Replacement, "delete").await;
 }
 
 // ---------------------------------------------------------------------------------------
 // The API fault sweep: one operator process per run, with one fault injected into the i-th
-// write the operator sends to the fleet's namespace (journal appends, status, Events,
-// workload writes). Each operation is first run clean with `--test-api-fault=none@1:...`,
-// which counts the matching requests; then once per (index × fault kind).
+// request matching a filter (the workload writes in `make test`; every write the operator
+// sends to the fleet's namespace in `make drills`: journal appends, status, Events, workload
+// writes). Each operation is first run clean with `--test-api-fault=none@1:...`, which counts
+// the matching requests; then once per (index × fault kind).
 
-/// One operation the sweep runs: the replica count it asks for from the one it starts at.
+/// What one operation of the sweep changes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Change {
+    /// `kubectl scale` of fleet `sl` from → to.
+    Scale { from: i32, to: i32 },
+    /// A new `maintenance.restartToken` on `sl`: a rolling Restart.
+    Restart,
+    /// The other of two runtime images on `sl`: an Upgrade.
+    Upgrade,
+    /// A hand edit of `sl`'s Deployment template (drift), repaired by a TemplateUpdate.
+    Drift,
+    /// A new Bucket fleet `pd` with 3 members (one per zone).
+    Provision,
+    /// Deleting fleet `pd`.
+    Delete,
+}
+
+/// One operation the sweep runs. They run in the order of [`SWEEP_OPS`], each leaving the
+/// fleets where the next one starts.
 #[derive(Clone, Copy)]
 struct SweepOp {
     label: &'static str,
-    from: i32,
-    to: i32,
+    change: Change,
 }
 
 const CONTRACTION: SweepOp = SweepOp {
     label: "Scale contraction",
-    from: 4,
-    to: 3,
+    change: Change::Scale { from: 4, to: 3 },
 };
 const GROWTH: SweepOp = SweepOp {
     label: "Scale growth",
-    from: 3,
-    to: 4,
+    change: Change::Scale { from: 3, to: 4 },
 };
+const RESTART: SweepOp = SweepOp {
+    label: "Restart (rolling)",
+    change: Change::Restart,
+};
+const SWEEP_OPS: [SweepOp; 7] = [
+    CONTRACTION,
+    GROWTH,
+    RESTART,
+    SweepOp {
+        label: "Upgrade",
+        change: Change::Upgrade,
+    },
+    SweepOp {
+        label: "TemplateUpdate",
+        change: Change::Drift,
+    },
+    SweepOp {
+        label: "Provision",
+        change: Change::Provision,
+    },
+    SweepOp {
+        label: "Delete",
+        change: Change::Delete,
+    },
+];
+
+impl SweepOp {
+    fn fleet(&self) -> &'static str {
+        match self.change {
+            Change::Provision | Change::Delete => "pd",
+            _ => "sl",
+        }
+    }
+
+    /// The journal's name for the operation kind.
+    fn kind(&self) -> &'static str {
+        match self.change {
+            Change::Scale { .. } => "Scale",
+            Change::Restart => "Restart",
+            Change::Upgrade => "Upgrade",
+            Change::Drift => "TemplateUpdate",
+            Change::Provision => "Provision",
+            Change::Delete => "Delete",
+        }
+    }
+
+    /// Members once the operation is done.
+    fn members(&self) -> i32 {
+        match self.change {
+            Change::Scale { to, .. } => to,
+            Change::Provision | Change::Delete => 3,
+            _ => 4,
+        }
+    }
+
+    /// The newest closed operation of the fleet (so a run knows which one is its own).
+    async fn last_closed(&self, api: &Api<CelldFleet>) -> Option<String> {
+        let f = api.get_opt(self.fleet()).await.unwrap()?;
+        Some(f.status?.recent_operations.first()?.id.clone())
+    }
+
+    /// Starts the operation (`n` makes tokens and edits unique). Provision and Delete are
+    /// idempotent here, so a run that follows a stuck one can ask again.
+    async fn trigger(&self, c: &celld_harness::Cluster, api: &Api<CelldFleet>, ns: &str, n: usize) {
+        match self.change {
+            Change::Scale { from, to } => {
+                let at = api
+                    .get("sl")
+                    .await
+                    .unwrap()
+                    .status
+                    .and_then(|s| s.applied_replicas);
+                assert_eq!(at, Some(from), "{} starts at {from} members", self.label);
+                c.kubectl(&[
+                    "-n",
+                    ns,
+                    "scale",
+                    "celldfleet/sl",
+                    &format!("--replicas={to}"),
+                ])
+                .unwrap();
+            }
+            Change::Restart => {
+                let token = format!("sweep-{n}");
+                api.patch(
+                    "sl",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": token}}})),
+                )
+                .await
+                .unwrap();
+            }
+            Change::Upgrade => {
+                let now = api.get("sl").await.unwrap().spec.runtime_image;
+                let next = if now.as_deref() == Some(image(1).as_str()) {
+                    image(2)
+                } else {
+                    image(1)
+                };
+                api.patch(
+                    "sl",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"runtimeImage": next}})),
+                )
+                .await
+                .unwrap();
+            }
+            Change::Drift => {
+                let edit = json!([{"op": "replace",
+                    "path": "/spec/template/spec/containers/0/readinessProbe/periodSeconds",
+                    "value": 7 + (n % 50)}]);
+                c.kubectl(&[
+                    "-n",
+                    ns,
+                    "patch",
+                    "deployment",
+                    "sl",
+                    "--type=json",
+                    "-p",
+                    &edit.to_string(),
+                ])
+                .unwrap();
+            }
+            Change::Provision => {
+                let f = fleet("pd", "Bucket", 3, &unique_bucket("pd"));
+                match api.create(&kube::api::PostParams::default(), &f).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => panic!("creating fleet pd: {e}"),
+                }
+            }
+            Change::Delete => match api.delete("pd", &Default::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => panic!("deleting fleet pd: {e}"),
+            },
+        }
+    }
+
+    /// Done: a new closed operation of this kind that `Succeeded`, every member ready
+    /// (Delete: the fleet is gone).
+    async fn settled(&self, api: &Api<CelldFleet>, before: &Option<String>) -> bool {
+        let Ok(found) = api.get_opt(self.fleet()).await else {
+            return false;
+        };
+        if self.change == Change::Delete {
+            return found.is_none();
+        }
+        found.and_then(|f| f.status).is_some_and(|s| {
+            s.current_operation.is_none()
+                && s.ready_replicas == Some(self.members())
+                && s.applied_replicas == Some(self.members())
+                && s.recent_operations.first().is_some_and(|o| {
+                    Some(&o.id) != before.as_ref()
+                        && format!("{:?}", o.kind) == self.kind()
+                        && o.outcome == "Succeeded"
+                })
+        })
+    }
+
+    /// Whether [`SweepOp::settled`] holds within `limit`.
+    async fn settles_within(
+        &self,
+        api: &Api<CelldFleet>,
+        before: &Option<String>,
+        limit: Duration,
+    ) -> bool {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if self.settled(api, before).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        false
+    }
+
+    /// Accepted operator writes that carry the effect: the workload writes with the
+    /// operation's marker (Delete: the workload deletes since `run` was marked; every
+    /// Provision creates `pd` again under the same name).
+    fn effects(&self, c: &celld_harness::Cluster, ns: &str, run: &AuditLog) -> usize {
+        if self.change == Change::Delete {
+            return run
+                .events()
+                .unwrap()
+                .iter()
+                .filter(|e| e.succeeded() && e.verb == "delete" && by_operator(e))
+                .filter(|e| e.resource == "deployments" && e.name.as_deref() == Some("pd"))
+                .filter(|e| e.namespace.as_deref() == Some(ns))
+                .count();
+        }
+        let marker = marker_of(c, ns, "deployment", self.fleet());
+        celld_harness::audit::operator_writes(c, ns, "deployments", self.fleet(), &marker)
+    }
+}
 
 #[derive(Default)]
 struct Row {
@@ -236,9 +530,9 @@ struct Row {
 }
 
 impl Row {
-    /// Counts one run; whether it passed (settled, exactly one write with its marker).
+    /// Counts one run; whether it passed (settled, exactly one accepted effect write).
     fn record(&mut self, out: &RunOutcome) -> bool {
-        let duplicate = out.marker_writes != 1;
+        let duplicate = out.effects != 1;
         self.runs += 1;
         self.duplicates += usize::from(duplicate);
         self.stuck += usize::from(!out.settled);
@@ -249,11 +543,11 @@ impl Row {
 }
 
 /// Result of one run: whether it settled, the faulted request (from the operator's log), the
-/// accepted writes carrying the operation's effect marker, and whether the journal verified.
+/// accepted writes carrying the operation's effect, the matching requests counted.
 struct RunOutcome {
     settled: bool,
     faulted: Option<String>,
-    marker_writes: usize,
+    effects: usize,
     counted: usize,
     elapsed: Duration,
 }
@@ -263,27 +557,43 @@ fn log_since(path: &std::path::Path, offset: u64) -> String {
     String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
 }
 
+/// The bed of one sweep: its namespace, fleets and a counter for unique triggers.
+struct Bed {
+    c: &'static celld_harness::Cluster,
+    api: Api<CelldFleet>,
+    ns: String,
+    runs: usize,
+}
+
+impl Bed {
+    /// A namespace with fleet `sl` (Bucket, 4 members) settled by a clean operator.
+    async fn new(tag: &str) -> (kube::Client, TestNamespace, Bed) {
+        let (c, client, ns) = setup(tag).await;
+        let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+        {
+            let _settle = Operator::start(None);
+            create_ready(&api, &fleet("sl", "Bucket", 4, &unique_bucket(tag)), 4).await;
+        }
+        let bed = Bed {
+            c,
+            api,
+            ns: ns.name.clone(),
+            runs: 0,
+        };
+        (client, ns, bed)
+    }
+}
+
 async fn sweep_run(
-    c: &celld_harness::Cluster,
-    api: &Api<CelldFleet>,
-    ns: &str,
+    bed: &mut Bed,
     op: SweepOp,
     fault: &str,
     kill_after: Option<Duration>,
 ) -> RunOutcome {
-    let at = api
-        .get("sl")
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.applied_replicas);
-    assert_eq!(
-        at,
-        Some(op.from),
-        "{} starts at {} members",
-        op.label,
-        op.from
-    );
+    bed.runs += 1;
+    let (c, api, ns) = (bed.c, bed.api.clone(), bed.ns.clone());
+    let before = op.last_closed(&api).await;
+    let run_audit = audit_from_now();
     let ident = "celld-operator-e2e";
     let log_path = test_dir().join(ident).join("operator.log");
     let offset = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
@@ -294,14 +604,7 @@ async fn sweep_run(
     });
     tokio::time::sleep(Duration::from_secs(1)).await;
     let started = Instant::now();
-    c.kubectl(&[
-        "-n",
-        ns,
-        "scale",
-        "celldfleet/sl",
-        &format!("--replicas={}", op.to),
-    ])
-    .unwrap();
+    op.trigger(c, &api, &ns, bed.runs).await;
     if let Some(delay) = kill_after {
         // A kill at an arbitrary instant, then a clean restart that must finish the job.
         tokio::time::sleep(delay).await;
@@ -310,28 +613,9 @@ async fn sweep_run(
         drop(operator);
         operator = Operator::start_with(|o| o.metrics_addr = None);
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut settled = false;
-    while Instant::now() < deadline {
-        let done = api
-            .get("sl")
-            .await
-            .ok()
-            .and_then(|f| f.status)
-            .is_some_and(|s| {
-                s.current_operation.is_none()
-                    && s.ready_replicas == Some(op.to)
-                    && s.applied_replicas == Some(op.to)
-                    && s.recent_operations
-                        .first()
-                        .is_some_and(|o| o.outcome == "Succeeded")
-            });
-        if done {
-            settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    let settled = op
+        .settles_within(&api, &before, Duration::from_secs(90))
+        .await;
     let elapsed = started.elapsed();
     // Settled or not, what it wrote is final once it stops.
     let _ = operator.terminate(Duration::from_secs(30)).await;
@@ -346,36 +630,57 @@ async fn sweep_run(
         .filter(|l| l.contains("api request counted"))
         .count()
         + usize::from(faulted.is_some());
-    let marker = marker_of(c, ns, "deployment", "sl");
-    let marker_writes = celld_harness::audit::writes(c, ns, "deployments", "sl", Some(&marker));
-    verify_journal(ns, "sl", Some(&test_dir().join(ident).join("journal")));
+    let effects = op.effects(c, &ns, &run_audit);
+    if op.change != Change::Delete {
+        verify_journal(
+            &ns,
+            op.fleet(),
+            Some(&test_dir().join(ident).join("journal")),
+        );
+    }
     RunOutcome {
         settled,
         faulted,
-        marker_writes,
+        effects,
         counted,
         elapsed,
     }
 }
 
-/// Runs the sweep over `ops` with faults of `kinds` injected into the writes matching
-/// `filter` (`VERB:RESOURCE`, the namespace is added); prints the table and fails on any
-/// duplicate effect or stuck run.
-async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
-    let (c, client, ns) = setup(tag).await;
-    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
-    {
-        let _settle = Operator::start(None);
-        create_ready(&api, &fleet("sl", "Bucket", 4, &unique_bucket("sw")), 4).await;
-    }
+/// xorshift64: uniform enough for picking an instant.
+fn next_random(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// The drill seed: `CELLD_DRILL_SEED` when set (to re-run a failure), else the clock.
+fn drill_seed() -> u64 {
+    std::env::var("CELLD_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        })
+}
+
+/// Runs the sweep over `ops` with faults of `kinds` injected into the requests matching
+/// `filter` (`VERB:RESOURCE`, the namespace is added), then `kills` random-instant kills per
+/// operation; prints the table and fails on any duplicate effect or stuck run.
+async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: usize) {
+    let (client, ns, mut bed) = Bed::new(tag).await;
     let filter = format!("{filter}:{}", ns.name);
     // Clean runs: how many matching requests each operation sends.
     let mut counts = Vec::new();
-    for op in [CONTRACTION, GROWTH] {
-        let out = sweep_run(c, &api, &ns.name, op, &format!("none@1:{filter}"), None).await;
+    for op in ops {
+        let out = sweep_run(&mut bed, *op, &format!("none@1:{filter}"), None).await;
         assert!(out.settled, "{} did not settle in its clean run", op.label);
-        assert_eq!(out.marker_writes, 1, "{}: one write per marker", op.label);
-        counts.push((op, out.counted, out.elapsed));
+        assert_eq!(out.effects, 1, "{}: one accepted effect write", op.label);
+        counts.push((*op, out.counted, out.elapsed));
     }
     eprintln!(
         "sweep {tag}: matching requests per clean run: {}",
@@ -390,14 +695,14 @@ async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
     let max = counts.iter().map(|(_, n, _)| *n).max().unwrap_or(0);
     for index in 1..=max {
         for kind in kinds {
-            // Contraction then growth, so each run starts where its operation expects.
+            // Every operation in order, so each run starts where its operation expects.
             for (op, count, _) in &counts {
                 let fault = if index <= *count {
                     format!("{kind}@{index}:{filter}")
                 } else {
                     format!("none@1:{filter}")
                 };
-                let out = sweep_run(c, &api, &ns.name, *op, &fault, None).await;
+                let out = sweep_run(&mut bed, *op, &fault, None).await;
                 if index > *count {
                     assert!(out.settled, "{}: a clean run did not settle", op.label);
                     continue;
@@ -408,8 +713,8 @@ async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
                     .record(&out);
                 if !passed {
                     failures.push(format!(
-                        "{} {kind}@{index}: settled={} marker writes={} faulted={:?}",
-                        op.label, out.settled, out.marker_writes, out.faulted
+                        "{} {kind}@{index}: settled={} effect writes={} faulted={:?}",
+                        op.label, out.settled, out.effects, out.faulted
                     ));
                 }
                 eprintln!(
@@ -420,8 +725,7 @@ async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
                 );
                 if !out.settled {
                     // Bring it back to where the next run starts, without faults.
-                    let back =
-                        sweep_run(c, &api, &ns.name, *op, &format!("none@1:{filter}"), None).await;
+                    let back = sweep_run(&mut bed, *op, &format!("none@1:{filter}"), None).await;
                     assert!(back.settled, "{} did not recover without faults", op.label);
                 }
             }
@@ -429,42 +733,22 @@ async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
     }
     // Kills at uniformly random instants inside each operation (seeded, re-runnable with
     // CELLD_DRILL_SEED), each followed by a clean restart.
-    let seed: u64 = std::env::var("CELLD_DRILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+    let seed = drill_seed();
     let mut rng = seed | 1;
     eprintln!("sweep {tag}: random kills, CELLD_DRILL_SEED={seed}");
     for round in 0..kills {
         for (op, _, clean) in &counts {
-            // xorshift64: uniform enough for picking an instant.
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
             let window = clean.as_millis().max(1) as u64;
-            let delay = Duration::from_millis(rng % window);
-            let out = sweep_run(
-                c,
-                &api,
-                &ns.name,
-                *op,
-                &format!("none@1:{filter}"),
-                Some(delay),
-            )
-            .await;
+            let delay = Duration::from_millis(next_random(&mut rng) % window);
+            let out = sweep_run(&mut bed, *op, &format!("none@1:{filter}"), Some(delay)).await;
             let passed = table
                 .entry((op.label.to_string(), "kill (random)".to_string()))
                 .or_default()
                 .record(&out);
             if !passed {
                 failures.push(format!(
-                    "{} kill #{round} at {delay:?} (seed {seed}): settled={} marker writes={}",
-                    op.label, out.settled, out.marker_writes
+                    "{} kill #{round} at {delay:?} (seed {seed}): settled={} effect writes={}",
+                    op.label, out.settled, out.effects
                 ));
             }
             eprintln!(
@@ -485,22 +769,23 @@ async fn sweep(tag: &str, filter: &str, kinds: &[&str], kills: usize) {
             row.runs, row.passed, row.duplicates, row.stuck
         );
     }
-    assert!(
-        failures.is_empty(),
-        "sweep failures:\n{}",
-        failures.join("\n")
-    );
-    // The namespace goes while an operator runs (it removes the fleet's finalizer).
-    let _operator = Operator::start_with(|o| o.metrics_addr = None);
-    cleanup(&client, ns).await;
+    finish(&client, ns, "sweep failures", &failures).await;
 }
 
-/// The bounded sweep of `make test`: every fault kind on the workload writes of a Bucket
-/// contraction and growth, and two kills at random instants inside each.
+/// Fails with `failures` if there are any; else the namespace goes while an operator runs (it
+/// removes the fleet's finalizer).
+async fn finish(client: &kube::Client, ns: TestNamespace, what: &str, failures: &[String]) {
+    assert!(failures.is_empty(), "{what}:\n{}", failures.join("\n"));
+    let _operator = Operator::start_with(|o| o.metrics_addr = None);
+    cleanup(client, ns).await;
+}
+
+/// The bounded sweep of `make test`: every fault kind on the workload writes of every
+/// operation kind of a Bucket fleet, and one kill at a random instant inside each.
 #[tokio::test]
 async fn api_faults_on_workload_writes_never_duplicate_an_effect() {
     let _guard = isolated().await;
-    sweep("sweep-wl", "write:deployments", &ALL_KINDS, 2).await;
+    sweep("sweep-wl", "write:deployments", &SWEEP_OPS, &ALL_KINDS, 1).await;
 }
 
 const ALL_KINDS: [&str; 6] = [
@@ -512,11 +797,151 @@ const ALL_KINDS: [&str; 6] = [
     "reset",
 ];
 
-/// `make drills`: every fault kind on every write the operator sends to the namespace, and
-/// ten kills at random instants inside each operation.
+/// `make drills`: every fault kind on every write the operator sends to the namespace during
+/// each operation, and ten kills at random instants inside each.
 #[tokio::test]
 #[ignore = "exhaustive: make drills"]
 async fn api_faults_on_every_write_never_duplicate_an_effect() {
     let _guard = isolated().await;
-    sweep("sweep-all", "write:*", &ALL_KINDS, 10).await;
+    sweep("sweep-all", "write:*", &SWEEP_OPS, &ALL_KINDS, 10).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Stale leaders frozen at random instants: two replicas, an operation started, the leader
+// stopped (SIGSTOP from outside, as a frozen VM or a long GC pause would) at a uniformly
+// random delay inside the operation's clean duration; the standby takes the Lease once it
+// expires and finishes; the old leader is woken up. Checks per run: no write of the deposed
+// leader's accepted after the standby's first accepted write (its Lease takeover), exactly
+// one accepted effect write, the operation settled, the journal verifies against the new
+// leader's mirror.
+
+/// One frozen-leader run; whether it passed, with a line for the table.
+async fn frozen_leader_run(
+    bed: &mut Bed,
+    operator_ns: &str,
+    tag: &str,
+    op: SweepOp,
+    delay: Duration,
+) -> Result<String, String> {
+    bed.runs += 1;
+    let (c, api, ns) = (bed.c, bed.api.clone(), bed.ns.clone());
+    let client = c.admin_client().await.unwrap();
+    let admin = c.admin_kubeconfig.clone();
+    let replica = |identity: &str| {
+        let mut opts = Operator::options(None, &admin, operator_ns, identity);
+        opts.metrics_addr = None;
+        OperatorProcess::start(&opts)
+    };
+    let (id_a, id_b) = (
+        format!("{tag}-a{}", bed.runs),
+        format!("{tag}-b{}", bed.runs),
+    );
+    let (by_a, by_b) = (format!("({id_a})"), format!("({id_b})"));
+    let before = op.last_closed(&api).await;
+    let mut a = replica(&id_a);
+    lease_held_by(&client, operator_ns, &lease_name(), &id_a).await;
+    let mut b = replica(&id_b);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let audit = audit_from_now();
+    op.trigger(c, &api, &ns, bed.runs).await;
+    tokio::time::sleep(delay).await;
+    a.signal("STOP");
+    lease_held_by(&client, operator_ns, &lease_name(), &id_b).await;
+    let settled = op
+        .settles_within(&api, &before, Duration::from_secs(90))
+        .await;
+    a.signal("CONT");
+    let a_code = a.exited(Duration::from_secs(60)).await;
+    drop(a);
+    let _ = b.terminate(Duration::from_secs(30)).await;
+    drop(b);
+    let events = audit.events().unwrap();
+    let takeover = events
+        .iter()
+        .position(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_b));
+    let late: Vec<String> = takeover
+        .map(|t| {
+            events[t..]
+                .iter()
+                .filter(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_a))
+                .map(|e| format!("{} {}", e.verb, e.request_uri))
+                .collect()
+        })
+        .unwrap_or_default();
+    let effects = op.effects(c, &ns, &audit);
+    if op.change != Change::Delete {
+        verify_journal(
+            &ns,
+            op.fleet(),
+            Some(&test_dir().join(&id_b).join("journal")),
+        );
+    }
+    let line = format!(
+        "{} frozen at {delay:?}: settled={settled} effect writes={effects} late writes by A={} (A exited {a_code})",
+        op.label,
+        late.len()
+    );
+    if settled && effects == 1 && late.is_empty() && takeover.is_some() && a_code != 0 {
+        Ok(line)
+    } else {
+        Err(format!("{line}: {late:?}"))
+    }
+}
+
+/// `runs` frozen-leader runs over the Bucket operations, at seeded random instants.
+async fn frozen_leader_drill(tag: &str, runs: usize) {
+    let (client, ns, mut bed) = Bed::new(tag).await;
+    // The installation of the clean runs (`Operator::start`): one Lease, or the fleet would
+    // see two installations and block (ForeignOperator).
+    let operator_ns = "celld-e2e".to_string();
+    // Each operation's clean duration bounds the instants.
+    let ops = [CONTRACTION, GROWTH, RESTART];
+    let mut windows = Vec::new();
+    for op in ops {
+        let out = sweep_run(&mut bed, op, "none@1", None).await;
+        assert!(out.settled, "{} did not settle in its clean run", op.label);
+        windows.push((op, out.elapsed));
+    }
+    let seed = drill_seed();
+    let mut rng = seed | 1;
+    eprintln!(
+        "frozen leaders {tag}: CELLD_DRILL_SEED={seed}, clean durations {:?}",
+        windows
+            .iter()
+            .map(|(o, t)| format!("{} {t:?}", o.label))
+            .collect::<Vec<_>>()
+    );
+    let (mut passed, mut failures) = (0, Vec::new());
+    for i in 0..runs {
+        let (op, window) = windows[i % windows.len()];
+        let delay = Duration::from_millis(next_random(&mut rng) % window.as_millis().max(1) as u64);
+        match frozen_leader_run(&mut bed, &operator_ns, tag, op, delay).await {
+            Ok(line) => {
+                passed += 1;
+                eprintln!("frozen leaders {tag}: ok: {line}");
+            }
+            Err(line) => {
+                eprintln!("frozen leaders {tag}: FAILED: {line}");
+                failures.push(line);
+            }
+        }
+    }
+    eprintln!("frozen leaders {tag}: {runs} runs, {passed} passed, seed {seed}");
+    let what = format!("frozen-leader failures (seed {seed})");
+    finish(&client, ns, &what, &failures).await;
+}
+
+/// `make test`: three frozen-leader runs (one per operation kind).
+#[tokio::test]
+async fn leaders_frozen_at_random_instants_write_nothing_after_the_takeover() {
+    let _guard = isolated().await;
+    frozen_leader_drill("frozen", 3).await;
+}
+
+/// `make drills`: twelve frozen-leader runs.
+#[tokio::test]
+#[ignore = "exhaustive: make drills"]
+async fn leaders_frozen_at_twelve_random_instants_write_nothing_after_the_takeover() {
+    let _guard = isolated().await;
+    frozen_leader_drill("frozen-all", 12).await;
 }

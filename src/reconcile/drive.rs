@@ -19,7 +19,9 @@ use super::integrity;
 use super::plan::{plan, Desired, LiveView, Plan};
 use super::workload::{self, LiveWorkload};
 use super::{Error, KubeContext, Report, Run};
-use crate::api::keys::{FLEET_UID_LABEL, JOURNAL_COMMAND_ANNOTATION, RESTART_TOKEN_ANNOTATION};
+use crate::api::keys::{
+    FENCE_ANNOTATION, FLEET_UID_LABEL, JOURNAL_COMMAND_ANNOTATION, RESTART_TOKEN_ANNOTATION,
+};
 use crate::api::{CelldStorageReservation, Profile};
 use crate::failpoint;
 use crate::render::{self, claim_name, uses_statefulset, FleetRef, Workload};
@@ -119,20 +121,12 @@ pub async fn consume_command(run: &mut Run<'_>, value: &str) -> Result<(), Error
             // `after-effect`): the landed effect is recorded as replayed first, so the journal
             // never says "never issued" about a change the world shows.
             if cmd.action == journal::CommandAction::Abandon {
-                // Otherwise the target is fenced first, like any close before issue.
-                if let Some(op) = open_op(run).filter(|o| o.id == cmd.op && !o.issued) {
-                    if op.kind != OperationKind::Delete
-                        && !super::strict::is_strict(&op.intent)
-                        && op.kind != OperationKind::MemberReplacement
-                    {
-                        match fence_target(run, &op).await? {
-                            Fence::Landed => record_replayed(run, &op).await?,
-                            Fence::Fenced => {}
-                            // Consumed at the next reconcile, after a fresh read.
-                            Fence::Moved => return Ok(()),
-                        }
-                    } else if op.kind != OperationKind::Delete && effect_landed(run, &op).await? {
-                        record_replayed(run, &op).await?;
+                // Otherwise the next destructive step's target is fenced first, like any
+                // close of an effect not seen to land.
+                if let Some(op) = open_op(run).filter(|o| o.id == cmd.op) {
+                    if !fence_before_abandon(run, &op).await? {
+                        // Consumed at the next reconcile, after a fresh read.
+                        return Ok(());
                     }
                 }
             }
@@ -480,27 +474,151 @@ pub(crate) enum Fence {
 /// `celld.eric.dev/fence: <op>/fenced` and the read resourceVersion, so a write this
 /// operation's step decided on an earlier read (a deposed leader's, stopped or stalled in a
 /// connection after its Lease check) fails its precondition instead of landing for an
-/// operation the journal calls closed (docs/operations.md "Stale leaders and fencing").
-/// Without a workload there is nothing to fence: a create carries no precondition, and a
-/// deposed leader's late create is kept out by the transport's Lease check and write timeout.
+/// operation the journal calls closed (docs/operations.md "Requests, timeouts, retries and
+/// stale leaders"). Without a workload there is nothing to fence: a create carries no
+/// precondition, and a deposed leader's late create is kept out by the transport's Lease
+/// check and write timeout.
 pub(crate) async fn fence_target(run: &Run<'_>, op: &OpenOp) -> Result<Fence, Error> {
-    let own = Effect::new(op.id, step_of(op.kind)).to_string();
+    fence_workload(run, op.id, step_of(op.kind)).await
+}
+
+/// [`fence_target`] for the workload step `step` of operation `id`.
+pub(crate) async fn fence_workload(
+    run: &Run<'_>,
+    id: OperationId,
+    step: Step,
+) -> Result<Fence, Error> {
+    let own = Effect::new(id, step).to_string();
     let Some(mut live) = run.workload().await? else {
         return Ok(Fence::Fenced);
     };
     if live.marker() == Some(own.as_str()) {
         return Ok(Fence::Landed);
     }
-    live.set_fence(&format!("{}/fenced", op.id));
+    live.set_fence(&format!("{id}/fenced"));
     run.ctx.check_lease();
     match workload::replace(&run.ctx.client, &run.ns, &live).await {
         Ok(_) => {
-            tracing::info!(fleet = %run.name, op = %op.id, "fenced the workload before closing the operation");
+            tracing::info!(fleet = %run.name, op = %id, "fenced the workload before closing the operation");
             Ok(Fence::Fenced)
         }
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(Fence::Moved),
-        Err(e) => Err(e).ctx(|| format!("fencing the workload before closing {}", op.id)),
+        Err(e) => Err(e).ctx(|| format!("fencing the workload before closing {id}")),
     }
+}
+
+/// The fence of [`fence_target`] on a Pod or claim that a destructive step of operation `id`
+/// targets with a resourceVersion precondition (a replacement's hold or Pod delete, a claim
+/// delete): the object with UID `uid` is written back as read with the fence annotation.
+/// `landed` says whether the object shows the step's own effect. An object that is gone,
+/// has another UID or is terminating needs no fence: a write with the recorded UID or an
+/// earlier resourceVersion fails anyway.
+pub(crate) async fn fence_object<K>(
+    run: &Run<'_>,
+    api: &Api<K>,
+    name: &str,
+    uid: Option<&str>,
+    id: OperationId,
+    landed: impl Fn(&K) -> bool,
+) -> Result<Fence, Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
+{
+    let found = api
+        .get_opt(name)
+        .await
+        .ctx(|| format!("reading {name} before fencing it"))?;
+    let Some(mut obj) =
+        found.filter(|o| o.meta().uid.as_deref() == uid && o.meta().deletion_timestamp.is_none())
+    else {
+        return Ok(Fence::Fenced);
+    };
+    if landed(&obj) {
+        return Ok(Fence::Landed);
+    }
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(FENCE_ANNOTATION.into(), format!("{id}/fenced"));
+    run.ctx.check_lease();
+    match api.replace(name, &Default::default(), &obj).await {
+        Ok(_) => {
+            tracing::info!(fleet = %run.name, op = %id, object = name, "fenced a target before closing the operation");
+            Ok(Fence::Fenced)
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(Fence::Moved),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Fence::Fenced),
+        Err(e) => Err(e).ctx(|| format!("fencing {name} before closing {id}")),
+    }
+}
+
+/// Before a person's `abandon`: whatever the operation's next destructive step targets is
+/// fenced, so a write a deposed leader decided for it fails. Scale, Restart, Upgrade,
+/// TemplateUpdate and Provision before issue: the workload (an effect found landed is
+/// recorded first). Strict operations: the workload while their `replicas`/`stop` (or,
+/// after `stop`, `resume`) step is not recorded. MemberReplacement: the member Pod until the
+/// Pod step is recorded, then the claim until it is retired. Delete needs none: its steps are
+/// deletes with the UID and resourceVersion of a fresh read, and it cannot be abandoned.
+/// `false` when a target moved meanwhile: the command is consumed at the next reconcile.
+async fn fence_before_abandon(run: &mut Run<'_>, op: &OpenOp) -> Result<bool, Error> {
+    let Some(o) = run.journal.fold().operation(op.id).cloned() else {
+        return Ok(true);
+    };
+    if op.kind == OperationKind::Delete {
+        return Ok(true);
+    }
+    let fence = if super::strict::is_strict(&op.intent) {
+        let first = super::strict::destructive_step(&op.intent);
+        let step = if !o.has_effect(&first) {
+            first
+        } else if first == Step::Stop && !o.has_effect(&Step::Resume) {
+            Step::Resume
+        } else {
+            return Ok(true);
+        };
+        let fence = fence_workload(run, op.id, step.clone()).await?;
+        if fence == Fence::Landed {
+            // Landed before a kill and not recorded yet: recorded before the abandon.
+            let rv = run
+                .workload()
+                .await?
+                .and_then(|w| w.meta().resource_version.clone());
+            let effect = Effect::new(op.id, step.clone());
+            run.append(op.id, issued(step, effect, rv.clone(), rv, true))
+                .await?;
+        }
+        fence
+    } else if op.kind == OperationKind::MemberReplacement {
+        let Some(t) = op.intent.targets.first() else {
+            return Ok(true);
+        };
+        if !o.has_effect(&Step::Pod) {
+            let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+            // A hold in place but not recorded is released as an orphan once abandoned.
+            fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), op.id, |_| false).await?
+        } else if let Some(claim) = t
+            .claim
+            .as_ref()
+            .filter(|c| !o.has_effect(&Step::Retire((*c).clone())))
+        {
+            let claims = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
+            fence_object(run, &claims, claim, t.claim_uid.as_deref(), op.id, |_| {
+                false
+            })
+            .await?
+        } else {
+            return Ok(true);
+        }
+    } else if !op.issued {
+        let fence = fence_target(run, op).await?;
+        if fence == Fence::Landed {
+            record_replayed(run, op).await?;
+        }
+        fence
+    } else {
+        return Ok(true);
+    };
+    Ok(fence != Fence::Moved)
 }
 
 /// Closes an unissued operation with `body` after fencing its target; `None` when it cannot

@@ -165,10 +165,34 @@ async fn complete(
     )))
 }
 
+/// Before a replacement that issued nothing is canceled: its first effect (the hold, or a
+/// simple replacement's Pod delete) is a write with the member Pod's resourceVersion, so the
+/// Pod is fenced first ([`super::drive::fence_object`]), and a write a deposed leader
+/// decided on an earlier read fails. `false` when the hold landed or the Pod moved
+/// meanwhile: the next reconcile decides again from a fresh read.
+async fn fence_member(run: &Run<'_>, o: &journal::Operation) -> Result<bool, Error> {
+    let Some(t) = o.intent().targets.first() else {
+        return Ok(true);
+    };
+    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let id = o.id();
+    let fence = super::drive::fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), id, |p| {
+        held_by(p, id)
+    })
+    .await?;
+    Ok(fence == super::drive::Fence::Fenced)
+}
+
 /// A failed guard: `Canceled` while nothing is issued, else `Blocked`.
 async fn refuse(run: &mut Run<'_>, id: OperationId, why: String) -> Result<Report, Error> {
     let o = current(run, id);
     if !o.issued_anything() {
+        if !fence_member(run, &o).await? {
+            return Ok(progress(
+                &o,
+                &format!("{why}; its member changed while it was being closed, deciding again"),
+            ));
+        }
         run.append(
             id,
             EntryBody::Canceled(Canceled {
@@ -307,6 +331,12 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
         .and_then(|o| journal::deadline::due(o, run.now))
     {
         let canceled = matches!(action, journal::DeadlineAction::Cancel { .. });
+        if canceled && !fence_member(run, &current(run, open.id)).await? {
+            return Ok(progress(
+                &current(run, open.id),
+                "its member changed while it was being closed; deciding again",
+            ));
+        }
         run.append(action.op(), action.body()).await?;
         if canceled {
             return Ok(Report::provisioning(format!(
@@ -322,6 +352,12 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
     let intent = o.intent().clone();
     if !o.issued_anything() {
         if let Some(reason) = cancel_reason(run, &intent) {
+            if !fence_member(run, &o).await? {
+                return Ok(progress(
+                    &o,
+                    "its member changed while it was being closed; deciding again",
+                ));
+            }
             run.append(o.id(), EntryBody::Canceled(Canceled { reason }))
                 .await?;
             return Ok(Report::provisioning(format!(
@@ -678,6 +714,12 @@ async fn delete_pod(
             } else {
                 CancelReason::PredecessorChanged
             };
+            if !fence_member(run, o).await? {
+                return Ok(progress(
+                    o,
+                    "its member changed while it was being closed; deciding again",
+                ));
+            }
             run.append(o.id(), EntryBody::Canceled(Canceled { reason }))
                 .await?;
             return Ok(Report::provisioning(format!(

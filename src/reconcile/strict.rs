@@ -84,7 +84,7 @@ fn retires_claims(intent: &Intent) -> bool {
     matches!(intent.reason.as_deref(), Some(RETIRE | COORDINATED_RETIRE))
 }
 
-fn destructive_step(intent: &Intent) -> Step {
+pub(crate) fn destructive_step(intent: &Intent) -> Step {
     if coordinated(intent) {
         Step::Stop
     } else {
@@ -683,11 +683,17 @@ async fn ask(
         run.before_effect();
     }
     let sts = sts_of(run);
+    let ctx = run.ctx;
     let answers: Vec<(Target, bool, Posted)> = stream::iter(asks.into_iter().map(|(t, new)| {
         let op = op.clone();
         async move {
             let ip = t.pod_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok());
             let generation = t.runtime_generation.clone().unwrap_or_default();
+            // Again right before each request: with more than IN_FLIGHT targets, the later
+            // ones leave seconds after the check above. A member request cannot be fenced
+            // through the API (docs/operations.md "Requests, timeouts, retries and stale leaders"), so the Lease
+            // check is its only guard.
+            ctx.check_lease();
             let posted = match ip {
                 Some(ip) => member::remove_disk(ip, &op, &generation).await,
                 None => Posted::Unknown(format!("{} has no recorded IP", t.pod)),

@@ -442,3 +442,14 @@ pub fn assert_teardown_order(log: &AuditLog, ns: &str, claims: usize) {
     expected.push("finalizer");
     assert_eq!(labels, expected, "teardown order: {seq:#?}");
 }
+
+/// Sets `spec.maintenance.paused` of fleet `name`.
+pub async fn set_paused(api: &Api<CelldFleet>, name: &str, paused: bool) {
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"maintenance": {"paused": paused}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("setting paused={paused} on {name}: {e}"));
+}

@@ -77,3 +77,33 @@ pub fn marker_of(c: &Cluster, ns: &str, kind: &str, name: &str) -> String {
     ])
     .unwrap_or_else(|e| panic!("reading the effect marker of {kind} {ns}/{name}: {e}"))
 }
+
+/// Sent by an operator replica (`celld-operator/<version> (<identity>)`), not by a
+/// controller of the control plane (the Deployment controller writes a Deployment's
+/// revision annotation with the whole object, effect marker included).
+fn by_operator(e: &Value) -> bool {
+    e["userAgent"]
+        .as_str()
+        .is_some_and(|u| u.starts_with("celld-operator/"))
+}
+
+/// [`writes`] sent by an operator replica.
+pub fn operator_writes(c: &Cluster, ns: &str, resource: &str, name: &str, marker: &str) -> usize {
+    succeeded(c)
+        .iter()
+        .filter(|e| by_operator(e))
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .filter(|e| names(e, ns, resource, name) && e["objectRef"]["subresource"].is_null())
+        .filter(|e| {
+            e["requestObject"]["metadata"]["annotations"]["celld.eric.dev/effect"] == marker
+        })
+        .count()
+}
+
+/// [`deletes`] sent by an operator replica.
+pub fn operator_deletes(c: &Cluster, ns: &str, resource: &str, name: &str) -> usize {
+    succeeded(c)
+        .iter()
+        .filter(|e| by_operator(e) && e["verb"] == "delete" && names(e, ns, resource, name))
+        .count()
+}
