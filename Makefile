@@ -165,7 +165,7 @@ bench-operator: control-plane
 ## hour. `make test` runs the bounded subset.
 drills: control-plane store-tools
 	@echo "==> exhaustive fault drills (table on stderr at the end)"
-	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=1
+	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=2
 
 ## fuzz: bounded fuzzing of the journal decoder and command parser.
 FUZZ_SECONDS ?= 60

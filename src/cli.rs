@@ -1,4 +1,4 @@
-//! Command line (behavior.md §17): `run`, `crds`, `version`, `journal …`.
+//! Command line (docs/design.md "Command line"): `run`, `crds`, `version`, `journal …`.
 //!
 //! The binary installed as `kubectl-celld` serves the same commands (`kubectl celld …`).
 
@@ -53,7 +53,7 @@ pub enum LogFormat {
     Plain,
 }
 
-/// Flags of `run` (behavior.md §17).
+/// Flags of `run`.
 #[derive(Args, Debug, Clone)]
 #[command(arg_required_else_help = false)]
 pub struct RunArgs {
@@ -135,7 +135,7 @@ pub struct RunArgs {
     pub foreign_operator_window: Duration,
 }
 
-/// The failpoints of journal.md.
+/// The failpoints (docs/design.md "Failpoints").
 pub const FAULT_POINTS: [&str; 7] = [
     "before-intent",
     "after-intent",

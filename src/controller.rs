@@ -1,4 +1,5 @@
-//! `celld-operator run`: the controller process (behavior.md §1, §17).
+//! `celld-operator run`: the controller process (docs/design.md "Controller, watches and requeue",
+//! "Command line").
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,7 +85,7 @@ where
     }
 }
 
-/// On gaining the Lease (journal.md "Replay"): reconcile the local mirror with every
+/// On gaining the Lease (docs/journal.md "Replay"): reconcile the local mirror with every
 /// fleet's annotation before driving anything. Missing entries are backfilled; a mirror that
 /// disagrees or is ahead keeps its entries under `diverged` and a Warning Event
 /// (`JournalDiverged`, `JournalRollback`) says so. The annotation stays the authority.
@@ -161,7 +162,8 @@ fn error_streak(ctx: &Ctx, key: &str, failed: bool) -> u32 {
     }
 }
 
-/// Error backoff (behavior.md §1): 1 s, 2 s, 4 s … capped at 60 s.
+/// Error backoff (docs/design.md "Controller, watches and requeue"): 1 s, 2 s, 4 s …
+/// capped at 60 s.
 fn error_backoff(streak: u32) -> Duration {
     let exp = streak.saturating_sub(1).min(6);
     Duration::from_secs((1u64 << exp).min(60))
@@ -491,7 +493,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How long running reconciles get to reach a boundary on SIGTERM (behavior.md §1).
+/// How long running reconciles get to reach a boundary on SIGTERM (docs/design.md "Leader Lease").
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// How long running reconciles get to end after the Lease was lost: longer than the

@@ -1,4 +1,4 @@
-//! Failpoints (journal.md, behavior.md §3.3): with `--local-test --fault-point=NAME[:N]`
+//! Failpoints (docs/design.md "Failpoints"): with `--local-test --fault-point=NAME[:N]`
 //! the process exits with code 3 the N-th time it reaches NAME, so crash drills can kill
 //! the manager exactly at a boundary between decision, journal and effect.
 

@@ -1,7 +1,7 @@
 //! The journal's home on the cluster: the fleet annotation `celld.eric.dev/journal`,
 //! appended with compare-and-swap, then mirrored to the local sled store.
 //!
-//! Order matters (journal.md "Where it lives"): the annotation is the authority, so an
+//! Order matters (docs/journal.md "Where it lives"): the annotation is the authority, so an
 //! entry exists once the patch carrying the fleet's `metadata.resourceVersion` is
 //! accepted; only then is it written to the mirror and flushed, and only after that may
 //! the effect it announces be issued. A conflict or an unknown outcome is never retried
@@ -61,8 +61,8 @@ pub struct Committed {
 }
 
 /// Makes sure the mirror holds every entry of `journal` before an effect is issued
-/// (journal.md: the mirror is "flushed before the next effect"): a mirror write that failed
-/// after its annotation append committed is caught up here, or the effect waits.
+/// (docs/journal.md "Where it lives"): a mirror write that failed after its annotation append
+/// committed is caught up here, or the effect waits.
 pub fn ensure_mirrored(
     mirror: &Mirror,
     journal: &Journal,

@@ -1,8 +1,8 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease (behavior.md §1): duration 15 s,
-//! renew every 5 s, retry 2 s; a write needs 5 s of it left. Only the holder reconciles.
-//! Every acquisition and renewal
-//! is a compare-and-swap on the Lease's resourceVersion, so two replicas never both hold
-//! it; a holder that cannot renew in time stops issuing and exits non-zero.
+//! Leader election on a `coordination.k8s.io/v1` Lease (docs/design.md "Leader Lease"):
+//! duration 15 s, renew every 5 s, retry 2 s; a write needs 5 s of it left. Only the holder
+//! reconciles. Every acquisition and renewal is a compare-and-swap on the Lease's
+//! resourceVersion, so two replicas never both hold it; a holder that cannot renew in time
+//! stops issuing and exits non-zero.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -183,7 +183,7 @@ async fn try_acquire_or_renew(
     }
 }
 
-/// Gives the Lease up on a graceful shutdown (behavior.md §1): when this identity still holds
+/// Gives the Lease up on a graceful shutdown: when this identity still holds
 /// it, the holder is cleared and the duration set to 1 s, as a compare-and-swap on the read
 /// resourceVersion, so a standby takes over at its next retry instead of after 15 s.
 pub async fn release(

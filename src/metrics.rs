@@ -1,4 +1,4 @@
-//! Prometheus metrics (behavior.md §15) on `--metrics-bind-address`.
+//! Prometheus metrics (docs/design.md "Events and metrics") on `--metrics-bind-address`.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Mutex;
@@ -317,8 +317,8 @@ pub fn classify(method: &str, path: &str, query: Option<&str>) -> (&'static str,
 }
 
 /// A tower layer for the kube client that counts every request in
-/// `celld_operator_api_requests_total` (behavior.md §15; also the figure `make bench` reports as
-/// "API requests per fleet at rest").
+/// `celld_operator_api_requests_total` (also the figure `make bench` reports as "API requests
+/// per fleet at rest").
 pub fn request_counter<B>(
     metrics: std::sync::Arc<Metrics>,
 ) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {

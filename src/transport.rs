@@ -1,5 +1,5 @@
 //! The operator's HTTP transport, one tower layer between kube's typed API and the wire
-//! (docs/operations.md "Requests, timeouts and retries"):
+//! (docs/operations.md "Requests, timeouts, retries and stale leaders"):
 //!
 //! - **Lease guard.** A write (POST, PUT, PATCH, DELETE) other than to the leader Lease is not
 //!   sent unless this process holds the Lease with [`crate::leader::MARGIN`] to spare. The

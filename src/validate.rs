@@ -1,7 +1,7 @@
-//! Controller-side validation (api.md §2.13).
+//! Controller-side validation (docs/design.md "Validation").
 //!
 //! Admission may have been bypassed (objects stored before this CRD, or with another
-//! schema), so the controller re-checks every rule of api.md §2 in memory on the
+//! schema), so the controller re-checks every rule of the CRD schema in memory on the
 //! defaulted spec, plus what CEL cannot express well: unique zones, parseable and
 //! positive quantities, limits ≥ requests. A failure is reported as
 //! `InvalidConfiguration` naming the field path and the problem; the operator then
@@ -30,7 +30,8 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// Reserved variable names (api.md §2.10).
+/// Reserved variable names: the `CELLD_*` variables the operator renders (docs/runtime.md
+/// "The member environment").
 const RESERVED_ENV: [&str; 12] = [
     "CELLD_NODE",
     "CELLD_ADVERTISE",
@@ -45,7 +46,7 @@ const RESERVED_ENV: [&str; 12] = [
     "CELLD_MAX_RESIDENT_CELLS",
     "CELLD_IDLE_EVICT_S",
 ];
-/// Reserved variable prefixes (api.md §2.10).
+/// Reserved variable prefixes.
 const RESERVED_ENV_PREFIXES: [&str; 5] = [
     "CELLD_REEXEC_",
     "CELLD_OTEL",
@@ -129,7 +130,8 @@ pub fn parse_quantity_milli(s: &str) -> Option<u128> {
     Some(value)
 }
 
-/// Checks the defaulted spec and the fleet name against api.md §2. Empty means valid.
+/// Checks the defaulted spec and the fleet name against every rule (docs/design.md
+/// "Validation"). Empty means valid.
 pub fn validate(name: &str, spec: &CelldFleetSpec) -> Vec<Violation> {
     let p = patterns();
     let mut out = Vec::new();

@@ -1,11 +1,11 @@
-//! Per-namespace watches (behavior.md §1 "Watches", "Mapping"): started with the namespace's
-//! first fleet and stopped with its last, selected by the fleet label, on StatefulSets,
+//! Per-namespace watches (docs/design.md "Controller, watches and requeue"): started with the
+//! namespace's first fleet and stopped with its last, selected by the fleet label, on StatefulSets,
 //! Deployments, ReplicaSets, Pods, PersistentVolumeClaims, Services, NetworkPolicies and
-//! PodDisruptionBudgets, so member readiness, deletion, workload rollouts, claim changes and
-//! edits of owned infrastructure drive reconciles without polling. An event maps to its fleet
-//! by the label's UID; unknown UIDs are ignored. Cluster-wide access is never needed (the fleet
-//! Role grants list/watch per namespace); a refused watch retries with backoff while the
-//! fleet reports NamespaceAccessDenied from its own reads.
+//! PodDisruptionBudgets, so member readiness, deletion, workload rollouts, claim changes and edits
+//! of owned infrastructure drive reconciles without polling. An event maps to its fleet by the
+//! label's UID; unknown UIDs are ignored. Cluster-wide access is never needed (the fleet Role
+//! grants list/watch per namespace); a refused watch retries with backoff while the fleet reports
+//! NamespaceAccessDenied from its own reads.
 //!
 //! Decisions are still made from fresh reads (every guarded write and destructive step needs
 //! one anyway); the watches only say *when* to look.

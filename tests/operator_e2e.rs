@@ -424,7 +424,7 @@ async fn foreign_objects_are_refused_and_left_untouched() {
     cleanup(&client, ns).await;
 }
 
-/// Crash drills (behavior.md §3.3): the operator exits at a failpoint of a Scale and is
+/// Crash drills (docs/design.md "Failpoints"): the operator exits at a failpoint of a Scale and is
 /// restarted; the audit log shows exactly one write per effect marker.
 #[tokio::test]
 async fn scale_drills_issue_each_effect_exactly_once() {
@@ -556,7 +556,7 @@ async fn pause_cancels_an_operation_still_in_intent() {
     );
     assert_eq!(sts.spec.and_then(|s| s.replicas), Some(4));
     reason(&api, "zeta", "MaintenancePaused").await;
-    // While paused nothing starts: no restart, no upgrade, no drift repair (§9).
+    // While paused nothing starts: no restart, no upgrade, no drift repair.
     api.patch(
         "zeta",
         &PatchParams::default(),
@@ -861,7 +861,7 @@ async fn ordered_bucket_pins_zones_and_removes_the_highest_ordinal() {
     cleanup(&client, ns).await;
 }
 
-/// Two replicas (behavior.md §1, scenario 27): only the Lease holder writes; the holder
+/// Two replicas (docs/design.md "Leader Lease"): only the Lease holder writes; the holder
 /// dies right after issuing an Upgrade's template write (before recording it), the standby
 /// takes the Lease, finds the effect marker in the world, records it as replayed and
 /// completes the operation without writing again.
@@ -967,8 +967,9 @@ async fn a_standby_resumes_the_leaders_operation_without_a_second_write() {
         "{}",
         journal::audit::entry_detail(issued)
     );
-    // Graceful stop (§1): a standby exits 0 at once; the leader lets running reconciles reach
-    // a boundary, releases the Lease (holder cleared before it exits) and exits 0.
+    // Graceful stop (docs/design.md "Leader Lease"): a standby exits 0 at once; the leader lets
+    // running reconciles reach a boundary, releases the Lease (holder cleared before it exits) and
+    // exits 0.
     let health = free_loopback_addr();
     let mut opts = Operator::options(None, &admin, "celld-e2e-ha", "replica-c");
     opts.metrics_addr = None;
@@ -1128,7 +1129,7 @@ async fn restart_and_delete_drills_issue_each_effect_exactly_once() {
     cleanup(&client, ns).await;
 }
 
-/// An annotation restored from an older copy (journal.md "Replay"): the mirror is ahead, the
+/// An annotation restored from an older copy (docs/journal.md "Replay"): the mirror is ahead, the
 /// operator reports JournalRollback, records the effect it finds on the workload as Recovered
 /// (never reissued) and goes on planning from there.
 #[tokio::test]
@@ -1203,7 +1204,7 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
 }
 
 /// Without `--network-policy-enforced` a fleet reports IsolationUnverified and nothing is
-/// created, not even the reservation (behavior.md §2 step 8, §18 scenario 2).
+/// created, not even the reservation (docs/design.md "Reconcile order", step 8).
 #[tokio::test]
 async fn without_the_network_policy_attestation_nothing_is_provisioned() {
     let _guard = isolated().await;
@@ -1257,8 +1258,8 @@ async fn without_the_network_policy_attestation_nothing_is_provisioned() {
 
 /// An operation that cannot finish turns Stalled at its deadline (condition, Warning Event,
 /// gauge) and is still driven; `journal abandon` frees the fleet, and the next plan starts from
-/// observation (behavior.md §3.4, §18 scenario 28). The deadline is shortened with the
-/// test-only `--operation-deadline`.
+/// observation (docs/design.md "Deadlines, Stalled and abandon"). The deadline is shortened
+/// with the test-only `--operation-deadline`.
 #[tokio::test]
 async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     let _guard = isolated().await;
@@ -1375,8 +1376,9 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     .await
     .unwrap();
     ready(&api, "sigma", 3).await;
-    // Superseded (§3.4 recommended default): a second bad Upgrade waits for a member that never
-    // turns Ready; asking for a good image closes it (Abandoned by the operator) at once.
+    // Superseded (docs/design.md "Restart, Upgrade and TemplateUpdate (rolling)"): a second
+    // bad Upgrade waits for a member that never turns Ready; asking for a good image closes it
+    // (Abandoned by the operator) at once.
     api.patch(
         "sigma",
         &PatchParams::default(),
@@ -1444,7 +1446,7 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
 
 /// The real HPA controller writes `/scale` (min/max clamping, no metrics needed); the operator
 /// grows and contracts through the same journaled path and never writes `spec.replicas`
-/// itself (behavior.md §18 scenario 19).
+/// itself.
 #[tokio::test]
 async fn the_hpa_drives_scaling_through_scale_and_is_never_fought() {
     use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -1584,7 +1586,7 @@ async fn outcome_of(api: &Api<CelldFleet>, name: &str, marker: &str) -> (String,
 
 /// Kills at every failpoint of Provision, Upgrade and TemplateUpdate (drift repair), and at a
 /// Bucket Delete's decision points, workload and prerequisite effects and completion
-/// (behavior.md §18 scenario 14): each resumed operation completes and every effect is issued
+/// (docs/design.md "Failpoints"): each resumed operation completes and every effect is issued
 /// exactly once.
 #[tokio::test]
 async fn provision_upgrade_drift_and_delete_drills_issue_each_effect_exactly_once() {
@@ -1838,8 +1840,8 @@ async fn scale_intents(api: &Api<CelldFleet>, name: &str) -> Vec<String> {
 }
 
 /// PersistentFleet growth on a fresh claim, contraction 3→1 with the operator killed between
-/// the two steps, and regrowth 1→3 onto the kept disks in one run (behavior.md §18 scenarios
-/// 8–10): one replica write per step, every claim identity unchanged.
+/// the two steps, and regrowth 1→3 onto the kept disks in one run (docs/design.md "Planning
+/// order"): one replica write per step, every claim identity unchanged.
 #[tokio::test]
 async fn contraction_resumes_between_steps_and_regrowth_reattaches_kept_disks() {
     let _guard = isolated().await;
@@ -1957,10 +1959,10 @@ async fn claim_uids_of(client: &Client, ns: &str, name: &str, n: i32) -> Vec<Opt
 
 /// The live objects of fleet `name` (3 members, zones a/b/c, azCount 3, Strict placement, as
 /// built by `fleet()`: a PersistentFleet, a Bucket Deployment or an Ordered Bucket StatefulSet)
-/// equal the objects written out below by hand from the rendering rules (behavior.md §4,
-/// runtime.md §3), not from the operator's own renderer:
-/// every field written here must be present with an equal value (lists element by element);
-/// fields the API server adds are ignored.
+/// equal the objects written out below by hand from the rendering rules (docs/design.md
+/// "Rendering", docs/runtime.md "The member environment"), not from the operator's own renderer:
+/// every field written here must be present with an equal value (lists element by element); fields
+/// the API server adds are ignored.
 async fn assert_rendered(client: &Client, ns: &str, name: &str) {
     let f = Api::<CelldFleet>::namespaced(client.clone(), ns)
         .get(name)
@@ -2151,9 +2153,9 @@ async fn assert_rendered(client: &Client, ns: &str, name: &str) {
     ] {
         let live = get(kind, n);
         if let Err(at) = contains(&want, &live, kind) {
-            panic!("{kind} {n} differs from behavior.md §4 at {at}:\nwant {want:#}\nlive {live:#}");
+            panic!("{kind} {n} differs from the rendering rules at {at}:\nwant {want:#}\nlive {live:#}");
         }
-        // §4: no owner references; labels are the fleet label only.
+        // docs/design.md "Rendering": no owner references; labels are the fleet label only.
         assert!(
             live["metadata"]["ownerReferences"].is_null(),
             "{kind} {n} has owner references"

@@ -60,7 +60,21 @@ enum Frozen {
 
 /// What the deposed leader A sent to the target after the takeover (`verb resource code by
 /// user-agent`), once the drill's own checks passed.
-async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<String> {
+/// How B closes the operation A was frozen in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// The fleet is paused: B cancels it before issue (`CanceledBeforeIssue`).
+    Pause,
+    /// A person abandons it (`journal abandon`): B consumes the command (`Abandoned`).
+    Abandon,
+}
+
+async fn stale_leader_drill(
+    tag: &str,
+    skip_guard: bool,
+    what: Frozen,
+    close: Close,
+) -> Vec<String> {
     let (c, client, ns) = setup(tag).await;
     let admin = c.admin_kubeconfig.clone();
     let operator_ns = format!("celld-e2e-{tag}");
@@ -141,11 +155,28 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // While A is frozen, after its Lease check: the fleet is paused.
-    set_paused(&api, "sl", true).await;
+    // While A is frozen, after its Lease check: the fleet is paused, or the operation
+    // abandoned by a person.
+    match close {
+        Close::Pause => set_paused(&api, "sl", true).await,
+        Close::Abandon => {
+            let f = api.get("sl").await.unwrap();
+            let journal = celld_operator::journal_store::load(&f).expect("the journal loads");
+            let open = journal
+                .fold()
+                .current()
+                .map(|o| o.id().to_string())
+                .expect("A's operation is open");
+            let command = json!({"metadata": {"annotations": {
+                celld_operator::api::keys::JOURNAL_COMMAND_ANNOTATION: format!("abandon {open}")}}});
+            api.patch("sl", &PatchParams::default(), &Patch::Merge(command))
+                .await
+                .unwrap();
+        }
+    }
     let _b = replica(&id_b, None, &[]);
     let outcome = until(
-        &format!("B to cancel the {kind}"),
+        &format!("B to close the {kind}"),
         90,
         &api,
         "sl",
@@ -158,7 +189,11 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
         },
     )
     .await;
-    assert_eq!(outcome, "CanceledBeforeIssue");
+    let expected = match close {
+        Close::Pause => "CanceledBeforeIssue",
+        Close::Abandon => "Abandoned",
+    };
+    assert_eq!(outcome, expected);
     let annotations = match what {
         Frozen::Scale => {
             let d: k8s_openapi::api::apps::v1::Deployment =
@@ -176,7 +211,7 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
         .unwrap_or_default();
     assert!(
         fence.ends_with("/fenced"),
-        "B fenced {resource}/{target} before canceling: {fence:?}"
+        "B fenced {resource}/{target} before closing: {fence:?}"
     );
     // A wakes up with its write decided on the read before the fence.
     a.signal("CONT");
@@ -231,7 +266,7 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
             assert_eq!(
                 d.spec.and_then(|s| s.replicas),
                 Some(4),
-                "no contraction on the paused fleet"
+                "no contraction for the closed operation"
             );
         }
         Frozen::Replacement => {
@@ -245,7 +280,9 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
             );
         }
     }
-    set_paused(&api, "sl", false).await;
+    if close == Close::Pause {
+        set_paused(&api, "sl", false).await;
+    }
     cleanup(&client, ns).await;
     by_a
 }
@@ -253,7 +290,7 @@ async fn stale_leader_drill(tag: &str, skip_guard: bool, what: Frozen) -> Vec<St
 #[tokio::test]
 async fn a_frozen_leader_issues_nothing_after_the_takeover() {
     let _guard = isolated().await;
-    stale_leader_drill("stale", false, Frozen::Scale).await;
+    stale_leader_drill("stale", false, Frozen::Scale, Close::Pause).await;
 }
 
 /// Without the guard, A's write reaches the API server and is refused with 409 because B
@@ -261,8 +298,8 @@ async fn a_frozen_leader_issues_nothing_after_the_takeover() {
 /// end before exiting, so the write already sent gets its answer. (It used to exit at once,
 /// which cut the request off: the API server then recorded 504 "context canceled" instead of
 /// the fence's 409 — found in CI, in 2 of 3 runs on a loaded machine.)
-async fn fence_drill(tag: &str, what: Frozen, verb: &str) {
-    let by_a = stale_leader_drill(tag, true, what).await;
+async fn fence_drill(tag: &str, what: Frozen, close: Close, verb: &str) {
+    let by_a = stale_leader_drill(tag, true, what, close).await;
     eprintln!("fence drill {tag}: A's writes to the target after the takeover: {by_a:?}");
     assert!(
         by_a.iter()
@@ -274,7 +311,7 @@ async fn fence_drill(tag: &str, what: Frozen, verb: &str) {
 #[tokio::test]
 async fn a_frozen_leaders_write_is_refused_by_the_fence() {
     let _guard = isolated().await;
-    fence_drill("fence", Frozen::Scale, "update").await;
+    fence_drill("fence", Frozen::Scale, Close::Pause, "update").await;
 }
 
 /// A MemberReplacement canceled before issue fences its member Pod: the deposed leader's Pod
@@ -282,7 +319,20 @@ async fn a_frozen_leaders_write_is_refused_by_the_fence() {
 #[tokio::test]
 async fn a_frozen_leaders_member_delete_is_refused_by_the_pod_fence() {
     let _guard = isolated().await;
-    fence_drill("podfence", Frozen::Replacement, "delete").await;
+    fence_drill("podfence", Frozen::Replacement, Close::Pause, "delete").await;
+}
+
+/// `journal abandon` of a MemberReplacement before issue fences its member Pod the same way.
+#[tokio::test]
+async fn an_abandoned_replacements_member_delete_is_refused_by_the_pod_fence() {
+    let _guard = isolated().await;
+    fence_drill(
+        "abandonfence",
+        Frozen::Replacement,
+        Close::Abandon,
+        "delete",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -356,6 +406,17 @@ impl SweepOp {
         match self.change {
             Change::Provision | Change::Delete => "pd",
             _ => "sl",
+        }
+    }
+
+    /// The operation that returns the fleets to where this one starts (Scale growth after a
+    /// contraction, Delete after Provision, and back); the others leave them as they found them.
+    fn partner(&self) -> Option<Change> {
+        match self.change {
+            Change::Scale { from, to } => Some(Change::Scale { from: to, to: from }),
+            Change::Provision => Some(Change::Delete),
+            Change::Delete => Some(Change::Provision),
+            _ => None,
         }
     }
 
@@ -517,7 +578,36 @@ impl SweepOp {
                 .count();
         }
         let marker = marker_of(c, ns, "deployment", self.fleet());
-        celld_harness::audit::operator_writes(c, ns, "deployments", self.fleet(), &marker)
+        let writes =
+            celld_harness::audit::operator_writes(c, ns, "deployments", self.fleet(), &marker);
+        if self.change != Change::Restart {
+            return writes;
+        }
+        // A restart token is issued once: the accepted template writes (any operation's
+        // `…/template` marker) in this run that carry the run's token, counted as well.
+        let token = restart_token(c, ns);
+        let template_writes = run
+            .events()
+            .unwrap()
+            .iter()
+            .filter(|e| e.succeeded() && by_operator(e) && e.resource == "deployments")
+            .filter(|e| e.subresource.is_none() && e.name.as_deref() == Some("sl"))
+            .filter_map(|e| e.request_object.as_ref())
+            .filter(|o| {
+                o["metadata"]["annotations"]["celld.eric.dev/effect"]
+                    .as_str()
+                    .is_some_and(|m| m.ends_with("/template"))
+                    && o["spec"]["template"]["metadata"]["annotations"]
+                        ["celld.eric.dev/restart-token"]
+                        == token.as_str()
+            })
+            .count();
+        if template_writes == writes {
+            writes
+        } else {
+            // Any difference fails the run (counted as a duplicate effect).
+            writes.max(template_writes).max(2)
+        }
     }
 }
 
@@ -555,6 +645,20 @@ struct RunOutcome {
 fn log_since(path: &std::path::Path, offset: u64) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
+}
+
+/// The restart token in the Deployment `sl`'s Pod template now.
+fn restart_token(c: &celld_harness::Cluster, ns: &str) -> String {
+    c.kubectl(&[
+        "-n",
+        ns,
+        "get",
+        "deployment",
+        "sl",
+        "-o",
+        "jsonpath={.spec.template.metadata.annotations.celld\\.eric\\.dev/restart-token}",
+    ])
+    .unwrap_or_default()
 }
 
 /// The bed of one sweep: its namespace, fleets and a counter for unique triggers.
@@ -695,8 +799,16 @@ async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: 
     let max = counts.iter().map(|(_, n, _)| *n).max().unwrap_or(0);
     for index in 1..=max {
         for kind in kinds {
-            // Every operation in order, so each run starts where its operation expects.
+            // Every operation in order, so each run starts where its operation expects: an
+            // operation with fewer requests than `index` runs clean only when its partner
+            // (the other half of a pair that starts where the first ends) is faulted.
             for (op, count, _) in &counts {
+                let partner_faulted = counts
+                    .iter()
+                    .any(|(p, n, _)| op.partner().is_some_and(|q| q == p.change) && index <= *n);
+                if index > *count && !partner_faulted {
+                    continue;
+                }
                 let fault = if index <= *count {
                     format!("{kind}@{index}:{filter}")
                 } else {
@@ -944,4 +1056,29 @@ async fn leaders_frozen_at_random_instants_write_nothing_after_the_takeover() {
 async fn leaders_frozen_at_twelve_random_instants_write_nothing_after_the_takeover() {
     let _guard = isolated().await;
     frozen_leader_drill("frozen-all", 12).await;
+}
+
+/// Regression (found by the random-kill drill): a SIGTERM that arrived between the standby
+/// loop and the controller's start (e.g. during replay) was lost, and the operator ran on.
+/// SIGTERM at a series of instants during start-up: the process always ends.
+#[tokio::test]
+async fn a_sigterm_during_start_up_is_never_lost() {
+    let _guard = isolated().await;
+    let (client, ns, _bed) = Bed::new("startterm").await;
+    let mut seen = Vec::new();
+    for delay_ms in [0u64, 30, 60, 120, 250, 500, 1000, 2000] {
+        let mut operator = Operator::start_with(|o| o.metrics_addr = None);
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        // Before the handler is installed, SIGTERM's default action ends the process
+        // (no exit code); after it, a graceful stop exits 0.
+        let code = operator.terminate(Duration::from_secs(30)).await;
+        assert!(
+            code == 0 || code == -1,
+            "SIGTERM {delay_ms} ms after start: exit code {code}; log: {}",
+            operator.log().display()
+        );
+        seen.push((delay_ms, code));
+    }
+    eprintln!("SIGTERM during start-up (delay ms, exit code): {seen:?}");
+    finish(&client, ns, "start-up SIGTERM", &[]).await;
 }

@@ -142,7 +142,7 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
     drop(op);
 }
 
-/// behavior.md §18 scenarios 8–10 with simulator members: PersistentFleet 2→3 on a fresh
+/// Growth, contraction and regrowth with simulator members: PersistentFleet 2→3 on a fresh
 /// claim, 3→1 with the operator killed between the two steps, 1→3 back onto the kept disks;
 /// the ledger reads every acknowledged ID after each phase, the one-member-down sampler never
 /// fires, and every claim keeps its identity.
@@ -244,7 +244,7 @@ async fn contraction_to_one_and_regrowth_keep_every_acknowledged_id() {
     drop(op);
 }
 
-/// The failpoints of journal.md, in boundary order.
+/// The failpoints (docs/design.md "Failpoints"), in boundary order.
 const FAILPOINTS: [&str; 5] = [
     "before-intent",
     "after-intent",

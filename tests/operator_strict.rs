@@ -1,5 +1,5 @@
 //! Strict operations on the real cluster with simulator members and the real store
-//! (behavior.md §18 scenarios 11, 12, 18, 25 and their crash drills): a Retire contraction
+//! (docs/design.md "Strict operations"), with their crash drills: a Retire contraction
 //! removes a member only after a recorded proof and deletes its claim once with UID + RV
 //! preconditions; every failure mode removes nothing, blocks with its cause, and `journal
 //! retry` completes it; a coordinated restart proves every member, stops and resumes the fleet
@@ -496,6 +496,8 @@ enum Profile {
     Retain,
     Retire,
     Bucket,
+    /// A Bucket fleet on an ordered StatefulSet (`bucketWorkload: Ordered`).
+    OrderedBucket,
 }
 
 /// Scenario 18: a coordinated restart of 3 members proves every member, stops the fleet and
@@ -519,6 +521,11 @@ async fn coordinated_restart(profile: Profile) {
             json!({"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"}),
         ),
         Profile::Bucket => bucket_fleet("kappa", 3, &bucket),
+        Profile::OrderedBucket => {
+            let mut f = bucket_fleet("kappa", 3, &bucket);
+            f.spec.bucket_workload = serde_json::from_value(json!("Ordered")).unwrap();
+            f
+        }
     };
     api.create(&PostParams::default(), &fleet).await.unwrap();
     settled_ready(&api, 3, &op.log).await;
@@ -597,7 +604,7 @@ async fn coordinated_restart(profile: Profile) {
                 "each claim deleted once"
             );
         }
-        Profile::Bucket => assert!(claims_after.is_empty()),
+        Profile::Bucket | Profile::OrderedBucket => assert!(claims_after.is_empty()),
     }
     ledger
         .phase(&urls_of_running(bed, &client, &ns.name).await)
@@ -620,6 +627,13 @@ async fn coordinated_restart_of_a_persistent_fleet_retires_every_disk_under_reti
 #[tokio::test]
 async fn coordinated_restart_of_a_bucket_fleet_stops_and_resumes_the_deployment() {
     coordinated_restart(Profile::Bucket).await;
+}
+
+/// Regression: members of an Ordered Bucket fleet (a StatefulSet) answer `/state` with their
+/// Pod UID, as every Bucket member does; the operator expected the Pod name there.
+#[tokio::test]
+async fn coordinated_restart_of_an_ordered_bucket_fleet_stops_and_resumes_the_statefulset() {
+    coordinated_restart(Profile::OrderedBucket).await;
 }
 
 /// Crash drills: a Retire contraction killed once at each of its failpoints (the N-th

@@ -148,8 +148,8 @@ pub fn parse_command(value: &str) -> Result<Command, CommandError> {
     })
 }
 
-/// A repair of a journal that cannot be used as it is (behavior.md §13 `JournalInvalid`,
-/// `JournalMissing`): consumed by the operator before the journal is loaded, because the
+/// A repair of a journal that cannot be used as it is (`JournalInvalid`, `JournalMissing`;
+/// docs/journal.md "Repairs"): consumed by the operator before the journal is loaded, because the
 /// journal it repairs may not load.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RepairCommand {

@@ -1,4 +1,4 @@
-//! The byte budget and compaction (journal.md "Compaction").
+//! The byte budget and compaction (docs/journal.md "Compaction").
 //!
 //! When an append would make the encoded annotation exceed the budget, whole finished
 //! (completed, canceled or abandoned) operations are dropped, just enough to fit, in this

@@ -1,4 +1,4 @@
-//! Deadlines (journal.md "Never stuck, never silent"), evaluated with `now` passed in.
+//! Deadlines (docs/design.md "Deadlines, Stalled and abandon"), evaluated with `now` passed in.
 //!
 //! - Every `Intent` has a deadline: [`default_deadline`] gives 30 minutes, plus 5 minutes per
 //!   member for a coordinated restart.

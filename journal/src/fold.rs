@@ -5,8 +5,8 @@
 //!
 //! | entry | allowed when |
 //! |---|---|
-//! | `Intent` | the id is new, and no operation is open — except an adoption (`MemberReplacement` with reason `AdoptedHold`, behavior.md §10.4), which never writes the workload; target Pods unique; `predecessorEffect` not its own |
-//! | `Issued` | open, not blocked, not yet observed; `effect` is `<op>/<step>`; the step belongs to the kind; the step was not recorded before — except `proof/<member>` and `restart/<member>`, which may be recorded again after a `Retried` that follows their last record (a retried strict removal asks the runtime again under the same id, behavior.md §3.4) |
+//! | `Intent` | the id is new, and no operation is open — except an adoption (`MemberReplacement` with reason `AdoptedHold`, docs/design.md "Member replacement"), which never writes the workload; target Pods unique; `predecessorEffect` not its own |
+//! | `Issued` | open, not blocked, not yet observed; `effect` is `<op>/<step>`; the step belongs to the kind; the step was not recorded before — except `proof/<member>` and `restart/<member>`, which may be recorded again after a `Retried` that follows their last record (a retried strict removal asks the runtime again under the same id, docs/design.md "Strict operations") |
 //! | `ProofCaptured` | as `Issued`, for a member among the Intent's targets, with `proof.operationId` equal to the op; once per member unless retried since |
 //! | `ClaimRetired` | as `Issued` (step `retire/<claim>`); a claim is retired at most once, retry or not |
 //! | `Recovered` | for an open operation: as `Issued`; for a closed one: the step belongs to the kind and is not recorded yet (an effect that landed but was never recorded before the operation was abandoned; it reopens nothing); for an unknown id: always (a *foreign record*: the world shows an effect of an operation the journal lost); each effect once |
@@ -27,8 +27,8 @@ use chrono::{DateTime, Utc};
 
 use crate::model::*;
 
-/// `Intent.reason` of an operation adopting an orphan replacement hold (behavior.md §10.4): the
-/// only operation that may open while another is open.
+/// `Intent.reason` of an operation adopting an orphan replacement hold (docs/design.md "Member
+/// replacement"): the only operation that may open while another is open.
 pub const ADOPTED_HOLD_REASON: &str = "AdoptedHold";
 
 /// Phase of an open operation, as projected to `status.currentOperation.phase`.
@@ -203,9 +203,9 @@ impl Operation {
         self.last_record_of(step).is_some()
     }
     /// Whether a `Retried` came after the last record of `step`, so that a `proof/<member>` or
-    /// `restart/<member>` step may be recorded again (behavior.md §3.4: a retried strict
-    /// removal asks the runtime again under the same id). Which proofs to redo is the caller's
-    /// decision (proofs from unchanged runtimes stay valid).
+    /// `restart/<member>` step may be recorded again (docs/design.md "Strict operations": a retried
+    /// strict removal asks the runtime again under the same id). Which proofs to redo is the
+    /// caller's decision (proofs from unchanged runtimes stay valid).
     pub fn retried_since(&self, step: &Step) -> bool {
         self.last_record_of(step)
             .is_some_and(|seq| self.retried.iter().any(|&r| r > seq))
@@ -601,7 +601,7 @@ impl Fold {
     /// The restart token applied by the most recently *completed* operation that carried one
     /// (`status.lastRestartToken`). Only operations still in this journal count: after
     /// compaction dropped that operation this is `None`, so callers must also compare with the
-    /// live template's token (behavior.md §8.1 does both).
+    /// live template's token (the planner does both, docs/design.md "Planning order").
     pub fn last_restart_token(&self) -> Option<&str> {
         self.ops
             .iter()

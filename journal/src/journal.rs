@@ -187,7 +187,8 @@ impl Journal {
     }
 
     /// Compares the workload's live effect marker (`celld.eric.dev/effect`) with this journal
-    /// (journal.md "The guarded write", step 3). Pure: the caller read the workload fresh.
+    /// (docs/design.md "The guarded write", steps 2 to 4). Pure: the caller read the workload
+    /// fresh.
     ///
     /// - equal to [`Journal::predecessor_effect`] (or both absent) → [`MarkerCheck::Expected`];
     /// - an effect of a marker-writing step that this journal may still record (an operation

@@ -60,12 +60,11 @@
 //! assert_eq!(status.current_operation.unwrap().summary, "Scale/Intent 3->4");
 //! ```
 //!
-//! # Fine print decided here (the spec is silent)
+//! # Fine print decided here
 //!
 //! - **One open operation.** An `Intent` is refused while any operation is open, except an
 //!   adoption of an orphan replacement hold (`MemberReplacement`, reason `AdoptedHold`), which
-//!   never writes the workload (behavior.md §3 is stricter than journal.md's "one
-//!   workload-writing operation"; this follows behavior.md).
+//!   never writes the workload (docs/design.md "Operation kinds").
 //! - **Exactly once.** A step is recorded once per operation. Only `proof/<member>` and
 //!   `restart/<member>` (the guarded Pod delete before a retried strict proof) may be recorded
 //!   again, after a `Retried`; a claim is retired once, retry or not.
@@ -83,7 +82,7 @@
 //!   `lastRestartToken` is computed from the operations still in the annotation.
 //! - **Format**: optional fields are omitted when absent and never empty; `null` is refused;
 //!   timestamps are written as RFC 3339 UTC (`Z`); the document envelope is written in the
-//!   spec's key order, entries in canonical form.
+//!   key order of docs/journal.md "Format", entries in canonical form.
 //! - **Mirror**: new mirrors are created atomically with a format marker; a database without
 //!   it is refused, never adopted.
 #![deny(missing_docs)]

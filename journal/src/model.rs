@@ -134,7 +134,7 @@ pub struct Leader {
     pub lease: Option<String>,
 }
 
-/// What an operation changes (journal.md table "Journaled decisions").
+/// What an operation changes (docs/design.md "Operation kinds").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OperationKind {
     /// Creates the workload and prerequisites of a new fleet.
@@ -154,7 +154,7 @@ pub enum OperationKind {
 }
 
 impl OperationKind {
-    /// Every kind, in the spec's order.
+    /// Every kind, in declaration order.
     pub const ALL: [OperationKind; 7] = [
         OperationKind::Provision,
         OperationKind::Scale,
@@ -184,8 +184,8 @@ impl OperationKind {
         !matches!(self, OperationKind::MemberReplacement)
     }
 
-    /// Whether `step` is one of this kind's effect steps (journal.md "effect steps", plus the
-    /// `restart/<member>` step of a retried strict proof, behavior.md §3.4).
+    /// Whether `step` is one of this kind's effect steps (docs/design.md "Operation kinds", plus
+    /// the `restart/<member>` step of a retried strict proof, docs/design.md "Strict operations").
     pub fn allows_step(&self, step: &Step) -> bool {
         use OperationKind as K;
         match step {
@@ -227,8 +227,9 @@ impl fmt::Display for OperationKind {
     }
 }
 
-/// One effect step of an operation (behavior.md §3.2). Steps that name a member or a claim carry
-/// that name; names may not be empty or contain `/`, whitespace or control characters.
+/// One effect step of an operation (docs/design.md "Operation kinds"). Steps that name a member or
+/// a claim carry that name; names may not be empty or contain `/`, whitespace or control
+/// characters.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Step {
     /// `create`: create the workload.
@@ -405,7 +406,8 @@ pub struct Target {
     pub claim_resource_version: Option<String>,
 }
 
-/// A strict data-safe proof as read from a member's `/state` (runtime.md §6).
+/// A strict data-safe proof as read from a member's `/state` (docs/runtime.md "What counts as a
+/// proof").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Proof {
     /// `operation.operation_id` as reported (must be this operation's id).
@@ -704,7 +706,7 @@ impl EntryType {
         )
     }
 
-    /// The Event reason published for an entry of this type (behavior.md §14).
+    /// The Event reason published for an entry of this type (docs/design.md "Events and metrics").
     pub fn event_reason(&self) -> &'static str {
         match self {
             EntryType::Intent => "OperationIntent",

@@ -1,5 +1,6 @@
-//! The status projection (api.md §2.14): `currentOperation`, `recentOperations`,
-//! `lastRestartToken` and `journal`. Computed from the journal only; never read back.
+//! The status projection (docs/design.md "Status and conditions"): `currentOperation`,
+//! `recentOperations`, `lastRestartToken` and `journal`. Computed from the journal only; never read
+//! back.
 
 use chrono::{DateTime, Utc};
 

@@ -299,7 +299,7 @@ impl Harness {
             .expect("the simulated planner tags every Intent")
     }
 
-    /// One reconcile, in behavior.md §2 order.
+    /// One reconcile, in the order of docs/design.md "Reconcile order".
     fn reconcile(&mut self, p: &mut Process) -> Result<(), Stop> {
         self.reconciles += 1;
         if self.case.deletions.contains(&self.reconciles) && self.store.annotation().is_some() {

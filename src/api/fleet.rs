@@ -1,4 +1,5 @@
-//! `CelldFleet` (api.md §2).
+//! `CelldFleet`: spec, defaults, admission rules and status (docs/design.md "Validation",
+//! "Status and conditions").
 // The CustomResource derive takes one `printcolumn(...)` per column; clippy reads the
 // repeated `type_ = ...` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
@@ -115,7 +116,7 @@ fn default_replicas() -> i32 {
     3
 }
 
-/// Durability profile (api.md §1).
+/// Durability profile.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Profile {
     /// Members keep state in S3.
@@ -134,7 +135,7 @@ pub enum BucketWorkload {
     Ordered,
 }
 
-/// `spec.capacity` (api.md §2.4). Only `mode` has an effect in this release.
+/// `spec.capacity`. Only `mode` has an effect in this release.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -259,7 +260,7 @@ pub enum CapacityMode {
     External,
 }
 
-/// `spec.maintenance` (api.md §2.5).
+/// `spec.maintenance`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MaintenanceSpec {
@@ -275,7 +276,7 @@ pub struct MaintenanceSpec {
     pub allow_coordinated_downtime: bool,
 }
 
-/// `spec.storage` (api.md §2.6).
+/// `spec.storage`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageSpec {
@@ -328,7 +329,7 @@ pub enum OnScaleIn {
     Retire,
 }
 
-/// `spec.placement` (api.md §2.7).
+/// `spec.placement`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PlacementSpec {
@@ -353,7 +354,7 @@ pub enum PlacementMode {
     Relaxed,
 }
 
-/// `spec.execution` (api.md §2.8).
+/// `spec.execution`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -412,7 +413,7 @@ fn default_memory_limit() -> String {
     "1Gi".into()
 }
 
-/// `spec.lifecycle` (api.md §2.9).
+/// `spec.lifecycle`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -439,7 +440,7 @@ impl Default for LifecycleSpec {
     }
 }
 
-/// One user environment variable (api.md §2.10).
+/// One user environment variable.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -472,7 +473,7 @@ pub struct SecretKeyRef {
     pub key: String,
 }
 
-/// `status` (api.md §2.14): a projection, never an input.
+/// `status`: a projection, never an input.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CelldFleetStatus {
@@ -512,7 +513,7 @@ pub struct CelldFleetStatus {
     /// Name of the CelldStorageReservation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reservation: Option<String>,
-    /// Conditions (api.md §2.15).
+    /// Conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -531,7 +532,7 @@ pub struct CelldFleetStatus {
     pub journal: Option<JournalStatus>,
 }
 
-/// Operation kinds (journal.md).
+/// Operation kinds (docs/design.md "Operation kinds").
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum OperationKind {
     /// Creates the workload and prerequisites.

@@ -1,4 +1,4 @@
-//! Labels, annotations, finalizers and gates (api.md §4).
+//! Labels, annotations, finalizers and gates (docs/design.md "Labels, annotations and finalizers").
 
 /// Label carried by every owned object; the selector of every workload.
 pub const FLEET_UID_LABEL: &str = "celld.eric.dev/fleet-uid";

@@ -1,6 +1,6 @@
-//! The `celld.eric.dev/v1alpha1` API: `CelldFleet` and `CelldStorageReservation`
-//! (spec/api.md). Validation that the API server can do lives in the schema
-//! (ranges, patterns, CEL rules); `crds()` renders the CRDs installed from `crds/`.
+//! The `celld.eric.dev/v1alpha1` API: `CelldFleet` and `CelldStorageReservation`.
+//! Validation that the API server can do lives in the schema (ranges, patterns, CEL rules;
+//! docs/design.md "Validation"); `crds()` renders the CRDs installed from `crds/`.
 
 pub mod fleet;
 pub mod keys;
@@ -78,14 +78,14 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
 
 /// JSON schema fragments shared by several fields.
 pub mod patterns {
-    /// DNS subdomain (RFC 1123), as api.md footnote 1.
+    /// DNS subdomain (RFC 1123).
     pub const DNS_SUBDOMAIN: &str =
         r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
     /// DNS label (RFC 1123).
     pub const DNS_LABEL: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
     /// S3 bucket name as the fleet accepts it.
     pub const BUCKET: &str = r"^[a-z0-9][a-z0-9-]*[a-z0-9]$";
-    /// Registry-qualified repository pinned by digest (api.md §2.3).
+    /// Registry-qualified repository pinned by digest.
     pub const RUNTIME_IMAGE: &str = r"^([a-z0-9]+([.-][a-z0-9]+)*|localhost)(:[0-9]{1,5})?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+@sha256:[a-f0-9]{64}$";
     /// CPU quantity as accepted by `execution`.
     pub const CPU: &str = r"^[0-9]+(\.[0-9]+)?m?$";

@@ -1,4 +1,5 @@
-//! `CelldStorageReservation` (api.md §3): binds one bucket to one fleet UID for ever.
+//! `CelldStorageReservation` (docs/design.md "The storage reservation"): binds one bucket to one
+//! fleet UID for ever.
 // The CustomResource derive takes one `printcolumn(...)` per column; clippy reads the
 // repeated `type_ = ...` keys as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
@@ -50,7 +51,7 @@ pub struct CelldStorageReservationSpec {
     #[serde(rename = "fleetUID")]
     #[schemars(length(min = 1, max = 128))]
     pub fleet_uid: String,
-    /// JCS SHA-256 of the fleet's fixed spec (api.md §3.1).
+    /// JCS SHA-256 of the fleet's fixed spec.
     #[schemars(regex(pattern = r"^[a-f0-9]{64}$"))]
     pub spec_hash: String,
     /// `spec.replicas` at creation (older reservations lack it).

@@ -1,6 +1,6 @@
-//! "Equal" for rendered vs live objects (behavior.md §4.4): every rendered field has an
-//! equal live value; lists compare element-wise with equal length; quantities compare by
-//! value (`1Gi` = `1024Mi`); fields the operator does not render are ignored.
+//! "Equal" for rendered vs live objects (docs/design.md "Comparing rendered and live objects"):
+//! every rendered field has an equal live value; lists compare element-wise with equal length;
+//! quantities compare by value (`1Gi` = `1024Mi`); fields the operator does not render are ignored.
 
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! Deletion (behavior.md §12): workload (Foreground, UID + RV), then every fleet claim
+//! Deletion (docs/design.md "Delete"): workload (Foreground, UID + RV), then every fleet claim
 //! (UID + RV from a fresh read), then the owned prerequisites, then the finalizer. The
 //! reservation is never touched.
 

@@ -1,10 +1,10 @@
-//! Driving the open operation forward, and opening a new one (behavior.md §3).
+//! Driving the open operation forward, and opening a new one (docs/design.md "Operation kinds").
 //!
-//! Every workload write is the guarded write of journal.md: fresh GET; the effect marker
-//! `<op>/<step>` already present means the write happened (maybe just before a crash) and
-//! is recorded as `Issued{replayed}`; otherwise the marker must equal the predecessor and
-//! the step's precondition must hold, or nothing is written (Canceled in Intent, Blocked
-//! after issue). The write carries the read resourceVersion.
+//! Every workload write is the guarded write (docs/design.md "The guarded write"): fresh GET; the
+//! effect marker `<op>/<step>` already present means the write happened (maybe just before a crash)
+//! and is recorded as `Issued{replayed}`; otherwise the marker must equal the predecessor and the
+//! step's precondition must hold, or nothing is written (Canceled in Intent, Blocked after issue).
+//! The write carries the read resourceVersion.
 
 use journal::{
     CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
@@ -285,7 +285,8 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     if !op.observed {
         if let Some(why) = marker_moved_after_issue(run, &op).await? {
             // Another writer changed the workload after this operation's write: going on
-            // would mean guessing whose change the rollout shows (behavior.md §3.4).
+            // would mean guessing whose change the rollout shows (docs/design.md
+            // "Deadlines, Stalled and abandon").
             run.append(op.id, EntryBody::Blocked(journal::Blocked { blocker: why }))
                 .await?;
             return Ok(Report::blocked_infra_ready(
@@ -355,8 +356,8 @@ fn observed_note(op: &OpenOp) -> String {
     }
 }
 
-/// The recommended default of behavior.md §3.4 ("Open"): an issued rolling template operation
-/// that only waits for the workload controller is closed with
+/// Supersession (docs/design.md "Restart, Upgrade and TemplateUpdate (rolling)"): an issued
+/// rolling template operation that only waits for the workload controller is closed with
 /// `Abandoned{by: operator, reason: Superseded}` when the spec now asks for another image or a
 /// new restart token, so a corrective change (e.g. away from an image that never turns Ready)
 /// is planned at once. Never while paused, and never for contractions or deletions (they
@@ -387,7 +388,7 @@ fn superseded(run: &Run<'_>, op: &OpenOp) -> Option<String> {
     new.then(|| format!("restart token {token} was requested"))
 }
 
-/// Cancel rules before issue (behavior.md §3.4).
+/// Cancel rules before issue (docs/design.md "Cancel rules").
 pub(super) fn cancel_reason(run: &Run<'_>, op: &OpenOp) -> Option<CancelReason> {
     let spec = &run.fleet.spec;
     if spec.maintenance.as_ref().is_some_and(|m| m.paused) {
@@ -507,18 +508,19 @@ pub(crate) async fn fence_workload(
     }
 }
 
-/// The fence of [`fence_target`] on a Pod or claim that a destructive step of operation `id`
-/// targets with a resourceVersion precondition (a replacement's hold or Pod delete, a claim
-/// delete): the object with UID `uid` is written back as read with the fence annotation.
-/// `landed` says whether the object shows the step's own effect. An object that is gone,
-/// has another UID or is terminating needs no fence: a write with the recorded UID or an
-/// earlier resourceVersion fails anyway.
+/// The fence of [`fence_target`] on an object that a destructive step of operation `id`
+/// writes with a resourceVersion precondition (a replacement's hold, Pod delete or commit):
+/// the object with UID `uid` is written back as read with the fence annotation. `landed`
+/// says whether the object shows the step's own effect. An object that is gone or has
+/// another UID needs no fence (a write with the recorded UID fails anyway); nor, unless
+/// `terminating_too`, one that is terminating (its resourceVersion moved when it started).
 pub(crate) async fn fence_object<K>(
     run: &Run<'_>,
     api: &Api<K>,
     name: &str,
     uid: Option<&str>,
     id: OperationId,
+    terminating_too: bool,
     landed: impl Fn(&K) -> bool,
 ) -> Result<Fence, Error>
 where
@@ -528,9 +530,9 @@ where
         .get_opt(name)
         .await
         .ctx(|| format!("reading {name} before fencing it"))?;
-    let Some(mut obj) =
-        found.filter(|o| o.meta().uid.as_deref() == uid && o.meta().deletion_timestamp.is_none())
-    else {
+    let Some(mut obj) = found.filter(|o| {
+        o.meta().uid.as_deref() == uid && (terminating_too || o.meta().deletion_timestamp.is_none())
+    }) else {
         return Ok(Fence::Fenced);
     };
     if landed(&obj) {
@@ -557,8 +559,11 @@ where
 /// TemplateUpdate and Provision before issue: the workload (an effect found landed is
 /// recorded first). Strict operations: the workload while their `replicas`/`stop` (or,
 /// after `stop`, `resume`) step is not recorded. MemberReplacement: the member Pod until the
-/// Pod step is recorded, then the claim until it is retired. Delete needs none: its steps are
-/// deletes with the UID and resourceVersion of a fresh read, and it cannot be abandoned.
+/// Pod step is recorded, then (with a hold) the terminating Pod until the commit is recorded.
+/// A committed replacement is adopted and finished anyway (its claim delete carries the
+/// recorded UID and resourceVersion, so it happens once whoever sends it); fencing the claim
+/// would defeat that check. Delete needs none: its steps are deletes with the UID and
+/// resourceVersion of a fresh read, and it cannot be abandoned.
 /// `false` when a target moved meanwhile: the command is consumed at the next reconcile.
 async fn fence_before_abandon(run: &mut Run<'_>, op: &OpenOp) -> Result<bool, Error> {
     let Some(o) = run.journal.fold().operation(op.id).cloned() else {
@@ -592,18 +597,15 @@ async fn fence_before_abandon(run: &mut Run<'_>, op: &OpenOp) -> Result<bool, Er
         let Some(t) = op.intent.targets.first() else {
             return Ok(true);
         };
+        let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+        let uid = t.pod_uid.as_deref();
         if !o.has_effect(&Step::Pod) {
-            let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
             // A hold in place but not recorded is released as an orphan once abandoned.
-            fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), op.id, |_| false).await?
-        } else if let Some(claim) = t
-            .claim
-            .as_ref()
-            .filter(|c| !o.has_effect(&Step::Retire((*c).clone())))
-        {
-            let claims = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
-            fence_object(run, &claims, claim, t.claim_uid.as_deref(), op.id, |_| {
-                false
+            fence_object(run, &pods, &t.pod, uid, op.id, false, |_| false).await?
+        } else if !super::replace::simple(&op.intent) && !o.has_effect(&Step::Commit) {
+            // The next effect is the commit, a write of the terminating Pod.
+            fence_object(run, &pods, &t.pod, uid, op.id, true, |p| {
+                super::replace::committed_by(p, op.id)
             })
             .await?
         } else {
@@ -1202,7 +1204,8 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 )));
             }
             // Every operation but a contraction creates Pods or claims: the ServiceAccount and
-            // StorageClass are read fresh right before it is decided (behavior.md §1 "Reads").
+            // StorageClass are read fresh right before it is decided (docs/design.md "Fresh
+            // reads").
             let contraction = kind == OperationKind::Scale && to < from;
             if !contraction && !strict {
                 if let Some(report) = super::prereq::identity_and_storage(run).await? {

@@ -1,9 +1,9 @@
 //! When the journal and the world disagree, or the journal itself is damaged or gone
-//! (docs/journal.md "Integrity"): every such case ends `Blocked` with a reason that says
-//! what was found, what was expected and the command that resolves it, or is recorded
-//! (`Recovered`) and goes on. Nothing here loops: a state no new plan can change is never
-//! re-planned, and a request canceled because the world moved under it is planned again
-//! only after a growing pause.
+//! (docs/journal.md "Integrity: when the journal cannot be used"): every such case ends
+//! `Blocked` with a reason that says what was found, what was expected and the command that
+//! resolves it, or is recorded (`Recovered`) and goes on. Nothing here loops: a state no new
+//! plan can change is never re-planned, and a request canceled because the world moved under
+//! it is planned again only after a growing pause.
 //!
 //! - `JournalInvalid`: the annotation fails verification. Status keeps its last known
 //!   figures; a deleted fleet still finishes (in a fresh journal that keeps the claims).
@@ -98,7 +98,8 @@ pub(crate) fn replan_paused(run: &Run<'_>, fingerprint: &str) -> Option<(u32, Du
     (r.fingerprint == fingerprint).then_some((r.count, left))
 }
 
-/// The report for a marker the journal cannot record (behavior.md §13 `EffectMarkerMismatch`).
+/// The report for a marker the journal cannot record (`EffectMarkerMismatch`, docs/journal.md
+/// "The guarded write and the effect marker").
 pub(crate) fn marker_mismatch(run: &Run<'_>, check: &MarkerCheck, kind: &str) -> Option<Report> {
     let MarkerCheck::Mismatch {
         found,
@@ -302,8 +303,9 @@ fn restored_annotation(ctx: &Ctx, fleet: &CelldFleet) -> Result<String, String> 
 }
 
 /// Every `Blocked=True` transition (or change of its reason) publishes one Warning Event and
-/// one log line; clearing publishes one Normal Event (behavior.md §14). Compared with the
-/// status read at the start of the reconcile, so a fleet that stays blocked says it once.
+/// one log line; clearing publishes one Normal Event (docs/design.md "Events and metrics").
+/// Compared with the status read at the start of the reconcile, so a fleet that stays blocked says
+/// it once.
 pub(crate) async fn announce_blocked(run: &Run<'_>, old: &CelldFleetStatus, report: &Report) {
     let was = old.conditions.iter().find(|c| c.type_ == "Blocked");
     let was_blocked = was.is_some_and(|c| c.status == "True");

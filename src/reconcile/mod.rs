@@ -1,10 +1,10 @@
-//! One reconcile of one fleet (behavior.md §2): read → plan → one guarded effect, with
-//! every member-changing decision journaled before it is carried out.
+//! One reconcile of one fleet (docs/design.md "Reconcile order"): read → plan → one guarded effect,
+//! with every member-changing decision journaled before it is carried out.
 //!
 //! This build covers Provision, Scale (growth in runs, contraction one member at a time,
 //! claims retained), rolling Restart/Upgrade/TemplateUpdate, Delete, and the strict
 //! operations (Retire contractions and coordinated restarts, `strict.rs`, driven from their
-//! own step table). Not yet: member replacement and self-healing (README "Status of this tree").
+//! own step table), member replacement and self-healing (`replace.rs`, `heal.rs`).
 
 pub mod compare;
 mod delete;
@@ -89,7 +89,8 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// The deadline of an operation decided at `now` (journal.md "Never stuck, never silent").
+    /// The deadline of an operation decided at `now` (docs/design.md "Deadlines, Stalled and
+    /// abandon").
     pub fn deadline(
         &self,
         now: chrono::DateTime<chrono::Utc>,
@@ -105,7 +106,7 @@ impl Ctx {
     }
 
     /// Before any effect: the Lease must be held with at least 5 s left (`leader::MARGIN`); a replica that
-    /// lost it stops issuing at once and exits non-zero (behavior.md §1).
+    /// lost it stops issuing at once and exits non-zero (docs/design.md "Leader Lease").
     pub fn check_lease(&self) {
         if let Some(l) = &self.leadership {
             if !l.holds() {
@@ -293,9 +294,9 @@ impl Run<'_> {
         Ok(committed.entry)
     }
 
-    /// One Event per journal entry (behavior.md §14): stable reason, the operation id in
-    /// the note. Best effort: an Event that cannot be written is logged, never retried
-    /// into a second journal write.
+    /// One Event per journal entry (docs/design.md "Events and metrics"): stable reason, the
+    /// operation id in the note. Best effort: an Event that cannot be written is logged, never
+    /// retried into a second journal write.
     async fn publish(&self, entry: &Entry) {
         use kube::runtime::events::{Event, EventType};
         let Some(recorder) = &self.ctx.recorder else {
@@ -349,8 +350,9 @@ impl Run<'_> {
         }
     }
 
-    /// `MemberSelfFenced` (runtime.md §7): a member's restartCount rose and its last
-    /// termination exited with code 3. A restart on its own disk, never removal authority.
+    /// `MemberSelfFenced` (docs/runtime.md "Process, health and self-fencing"): a member's
+    /// restartCount rose and its last termination exited with code 3. A restart on its own
+    /// disk, never removal authority.
     async fn self_fence_events(&self, pods: &[Pod]) {
         use kube::runtime::events::{Event, EventType};
         for pod in pods {
@@ -445,7 +447,7 @@ impl Run<'_> {
     }
 }
 
-/// Owned (behavior.md §0): the fleet label with this fleet's UID and no owner references.
+/// Owned (docs/design.md "Terms"): the fleet label with this fleet's UID and no owner references.
 /// (Deletion state is checked by callers: deleting owned objects are still ours.)
 pub(crate) fn owned<K: Resource>(obj: &K, uid: &str) -> bool {
     let m = obj.meta();
@@ -602,7 +604,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
 
 use kube::Resource;
 
-/// Fleet and journal gauges from the status just computed (behavior.md §15).
+/// Fleet and journal gauges from the status just computed (docs/design.md "Events and metrics").
 fn record_metrics(run: &Run<'_>, st: &crate::api::CelldFleetStatus) {
     let m = &run.ctx.metrics;
     let l = crate::metrics::FleetLabels {

@@ -1,6 +1,6 @@
-//! The planner (behavior.md §3.1): a pure function from the fleet's desired state and
-//! the observed workload to the next operation to open, or the reason none is opened.
-//! No client, no clock: table-driven tests below cover the rules.
+//! The planner (docs/design.md "Planning order"): a pure function from the fleet's desired state
+//! and the observed workload to the next operation to open, or the reason none is opened. No
+//! client, no clock: table-driven tests below cover the rules.
 
 use journal::OperationKind;
 
@@ -15,12 +15,13 @@ pub struct LiveView {
     pub live_token: Option<String>,
     /// Image of the live `celld` container.
     pub live_image: Option<String>,
-    /// Rolled out at `applied` (behavior.md §0).
+    /// Rolled out at `applied` (docs/design.md "Terms").
     pub rolled_out: bool,
     /// The workload controller observed its current spec.
     pub observed_current: bool,
     /// The highest-ordinal member was never scheduled and its claim is absent or Pending:
-    /// it holds no data and may be removed without waiting for rollout (behavior.md §7).
+    /// it holds no data and may be removed without waiting for rollout (docs/design.md "Planning
+    /// order").
     pub highest_never_placed: bool,
 }
 
@@ -82,8 +83,8 @@ pub fn token_requested(d: &Desired, live: &LiveView) -> bool {
     }
 }
 
-/// End of the growth run starting at `from` (behavior.md §6.2): ordinals are added while
-/// each next one is of the same kind (kept or fresh) as the first.
+/// End of the growth run starting at `from` (docs/design.md "Planning order"): ordinals are added
+/// while each next one is of the same kind (kept or fresh) as the first.
 pub fn growth_run_end(from: i32, target: i32, kept: &[i32]) -> i32 {
     let first_kept = kept.contains(&from);
     let mut end = from + 1;
@@ -102,7 +103,8 @@ pub fn provision_target(d: &Desired) -> i32 {
     }
 }
 
-/// The next operation (behavior.md §3.1; member replacement is not part of this build).
+/// The next operation (docs/design.md "Planning order"; member replacements are decided around
+/// it, in `drive::plan_and_open`).
 pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
     let Some(live) = live else {
         return Plan::Open {
@@ -189,7 +191,7 @@ pub fn plan(d: &Desired, live: Option<&LiveView>) -> Plan {
             to: live.applied - 1,
             token: None,
             image: None,
-            // A never-placed member holds no data: removed without a proof (behavior.md §7).
+            // A never-placed member holds no data: removed without a proof.
             strict: d.retire && !live.highest_never_placed,
         };
     }
@@ -350,7 +352,8 @@ mod tests {
         let mut l = live(3);
         l.rolled_out = false;
         assert!(matches!(plan(&d, Some(&l)), Plan::Wait(m) if m.contains("coordinated")));
-        // A lone image change under allowCoordinatedDowntime rolls (behavior.md §8.1).
+        // A lone image change under allowCoordinatedDowntime rolls (docs/design.md "Planning
+        // order").
         d.token = None;
         assert!(matches!(
             plan(&d, Some(&live(3))),

@@ -1,5 +1,5 @@
-//! Finalizer, gates and the fleet's non-workload objects (behavior.md §2 steps 7–8, 12;
-//! §4.1, §4.4, §5).
+//! Finalizer, gates and the fleet's non-workload objects (docs/design.md "Reconcile order"
+//! steps 7, 8 and 12; "Prerequisites, gates and ownership"; "The storage reservation").
 
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -56,7 +56,7 @@ pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
     reservation(run).await
 }
 
-/// Whether step 8 must read the ServiceAccount and StorageClass now (behavior.md §1 "Reads"):
+/// Whether step 8 must read the ServiceAccount and StorageClass now (docs/design.md "Fresh reads"):
 /// when the fleet generation changed since they were last verified, or at the slow resync.
 /// Before any operation that creates Pods or claims they are read again regardless
 /// ([`identity_and_storage`] from the planner).
@@ -141,7 +141,8 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
     Ok(None)
 }
 
-/// The reservation: a plain create arbitrates; AlreadyExists → compare (behavior.md §5).
+/// The reservation: a plain create arbitrates; AlreadyExists → compare (docs/design.md "The storage
+/// reservation").
 /// An existing one is read and compared without a create attempt.
 async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
     let api = Api::<CelldStorageReservation>::all(run.ctx.client.clone());
@@ -185,7 +186,8 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         have.initial_replicas,
     ) {
         (true, Some(initial)) => have.spec_hash == render::spec_hash(&run.fleet.spec, initial),
-        // Legacy rule (api.md §3.1): the fleet's own immutability rule fixes the hashed fields.
+        // Legacy reservations (docs/design.md "The storage reservation"): the fleet's own
+        // immutability rule fixes the hashed fields.
         _ => true,
     };
     let matches = have.bucket == bucket
@@ -300,9 +302,10 @@ where
     Ok(None)
 }
 
-/// The sole Service repair (behavior.md §4.4): when the only differences are ports that lack
-/// the rendered `appProtocol`, the live object with those values filled in (everything else,
-/// allocated addresses and resourceVersion included, kept as read). `None` otherwise.
+/// The sole Service repair (docs/design.md "Prerequisites, gates and ownership"): when the only
+/// differences are ports that lack the rendered `appProtocol`, the live object with those values
+/// filled in (everything else, allocated addresses and resourceVersion included, kept as read).
+/// `None` otherwise.
 fn backfill_app_protocol<K: Serialize + DeserializeOwned>(
     want_spec: &Value,
     live: &K,

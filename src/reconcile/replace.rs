@@ -72,6 +72,11 @@ fn held_by(pod: &Pod, op: OperationId) -> bool {
     holds_finalizer(pod) && hold_of(pod).and_then(|h| h.operation_id) == Some(op.to_string())
 }
 
+/// Whether `pod` holds operation `op`'s committed hold (the `commit` step landed).
+pub(crate) fn committed_by(pod: &Pod, op: OperationId) -> bool {
+    held_by(pod, op) && hold_of(pod).is_some_and(|h| h.committed)
+}
+
 /// The `replace-member` value an administrative operation answers.
 fn request_of(intent: &Intent) -> Option<String> {
     let t = intent.targets.first()?;
@@ -95,7 +100,7 @@ pub(crate) fn closes_request(run: &Run<'_>, op: OperationId, body: &EntryBody) -
         && run.fleet.annotations().get(REPLACE_MEMBER_ANNOTATION) == request_of(o.intent()).as_ref()
 }
 
-fn simple(intent: &Intent) -> bool {
+pub(crate) fn simple(intent: &Intent) -> bool {
     intent.reason.as_deref() == Some(CLAIM_DELETED)
         || intent.targets.first().is_none_or(|t| t.claim.is_none())
 }
@@ -176,10 +181,11 @@ async fn fence_member(run: &Run<'_>, o: &journal::Operation) -> Result<bool, Err
     };
     let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
     let id = o.id();
-    let fence = super::drive::fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), id, |p| {
-        held_by(p, id)
-    })
-    .await?;
+    let fence =
+        super::drive::fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), id, false, |p| {
+            held_by(p, id)
+        })
+        .await?;
     Ok(fence == super::drive::Fence::Fenced)
 }
 

@@ -1,5 +1,5 @@
-//! Status as a projection of the world and the journal (api.md §2.14–§2.15,
-//! behavior.md §13). Never read back as an input.
+//! Status as a projection of the world and the journal (docs/design.md "Status and
+//! conditions"). Never read back as an input.
 
 use std::collections::BTreeMap;
 
@@ -16,7 +16,7 @@ use super::{Error, KubeContext};
 use crate::api::keys::FLEET_UID_LABEL;
 use crate::api::{self, CelldFleet, CelldFleetStatus};
 
-/// Class of a reason (behavior.md §13).
+/// Class of a reason (docs/design.md "Status and conditions").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Class {
     /// The fleet is what was asked for.

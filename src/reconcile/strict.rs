@@ -1,7 +1,7 @@
 //! Strict operations: the Retire contraction and the coordinated restart (docs/design.md
-//! "Strict operations"; behavior.md §7.2, §8.3). Both remove members only on the strength of a
-//! data-safe proof from each member's runtime, recorded (`ProofCaptured`) before anything acts
-//! on it and re-validated on fresh reads right before the destructive write.
+//! "Strict operations"). Both remove members only on the strength of a data-safe proof from
+//! each member's runtime, recorded (`ProofCaptured`) before anything acts on it and
+//! re-validated on fresh reads right before the destructive write.
 //!
 //! An operation is strict when its Intent says so in `reason`:
 //!
@@ -93,9 +93,9 @@ pub(crate) fn destructive_step(intent: &Intent) -> Step {
 }
 
 /// The name a member answers `/state` with: the Pod name on a StatefulSet, the Pod UID on a
-/// Deployment (runtime.md §3).
-fn node_name(sts: bool, pod: &Pod) -> String {
-    if sts {
+/// Deployment (docs/runtime.md "The member environment").
+fn node_name(by_pod_name: bool, pod: &Pod) -> String {
+    if by_pod_name {
         pod.name_any()
     } else {
         pod.metadata.uid.clone().unwrap_or_default()
@@ -131,7 +131,7 @@ enum Seen {
 }
 
 /// Reads the Pod named `reference.pod` and, when it runs, its `/state` at its Pod IP.
-async fn read_member(client: Client, ns: String, sts: bool, reference: Target) -> Seen {
+async fn read_member(client: Client, ns: String, by_pod_name: bool, reference: Target) -> Seen {
     let pod = match Api::<Pod>::namespaced(client, &ns)
         .get_opt(&reference.pod)
         .await
@@ -149,7 +149,7 @@ async fn read_member(client: Client, ns: String, sts: bool, reference: Target) -
         return Seen::Terminating;
     }
     let state = match pod_ip(&pod).and_then(|ip| ip.parse::<IpAddr>().ok()) {
-        Some(ip) => member::state(ip, &node_name(sts, &pod))
+        Some(ip) => member::state(ip, &node_name(by_pod_name, &pod))
             .await
             .map(|s| s.shutdown)
             .map_err(|e| e.0),
@@ -363,11 +363,19 @@ fn sts_of(run: &Run<'_>) -> bool {
     uses_statefulset(&run.fleet.spec)
 }
 
+/// Whether members are named by their Pod name (`CELLD_NODE`, src/render/pod.rs): on a
+/// PersistentFleet; a Bucket member, Ordered (a StatefulSet) or not, is named by its Pod UID.
+/// Found by reading: this followed the workload kind, so every `/state` of an Ordered Bucket
+/// member was rejected for naming another node.
+fn named_by_pod_name(run: &Run<'_>) -> bool {
+    run.fleet.spec.profile == Profile::PersistentFleet
+}
+
 /// Fresh reads of every target (≤ 8 in flight), with their reference identities.
 async fn read_targets(run: &Run<'_>, o: &Operation) -> Vec<(Target, Seen)> {
     let client = run.ctx.client.clone();
     let ns = run.ns.clone();
-    let sts = sts_of(run);
+    let by_pod_name = named_by_pod_name(run);
     let refs: Vec<Target> = o
         .intent()
         .targets
@@ -377,7 +385,7 @@ async fn read_targets(run: &Run<'_>, o: &Operation) -> Vec<(Target, Seen)> {
     stream::iter(refs.into_iter().map(|r| {
         let (client, ns) = (client.clone(), ns.clone());
         async move {
-            let seen = read_member(client, ns, sts, r.clone()).await;
+            let seen = read_member(client, ns, by_pod_name, r.clone()).await;
             (r, seen)
         }
     }))
@@ -682,7 +690,7 @@ async fn ask(
     for _ in &asks {
         run.before_effect();
     }
-    let sts = sts_of(run);
+    let by_pod_name = named_by_pod_name(run);
     let ctx = run.ctx;
     let answers: Vec<(Target, bool, Posted)> = stream::iter(asks.into_iter().map(|(t, new)| {
         let op = op.clone();
@@ -712,8 +720,13 @@ async fn ask(
             Posted::Accepted(_) => true,
             Posted::Conflict | Posted::Unknown(_) => {
                 // 409 or no answer: `/state` decides (our id at our generation is a 202).
-                let seen =
-                    read_member(run.ctx.client.clone(), run.ns.clone(), sts, t.clone()).await;
+                let seen = read_member(
+                    run.ctx.client.clone(),
+                    run.ns.clone(),
+                    by_pod_name,
+                    t.clone(),
+                )
+                .await;
                 match seen {
                     Seen::Same { state: Ok(s) } if ours(&s, &op, &generation) => true,
                     Seen::Same { state: Ok(s) } if s.operation.is_none() => {
@@ -949,7 +962,7 @@ async fn retire_claims(run: &mut Run<'_>, o: &Operation) -> Result<Option<Report
             claim_resource_version: t.claim_resource_version.clone(),
         });
         let Some(claim) = claim else {
-            // Already gone: counts as retired (journal.md "The guarded write").
+            // Already gone: counts as retired (docs/design.md "The guarded write").
             run.append(o.id(), retired).await?;
             continue;
         };
@@ -1113,8 +1126,8 @@ async fn resume(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     ))
 }
 
-/// The plan conditions of a strict operation (behavior.md §7.2, §8.3) and its targets from
-/// fresh reads: every member Ready, answering `/state` (schema 1) with strict removal offered
+/// The plan conditions of a strict operation (docs/design.md "Strict operations") and its targets
+/// from fresh reads: every member Ready, answering `/state` (schema 1) with strict removal offered
 /// and no removal running; claims `Bound`. `Err(report)`: `StrictRemovalUnavailable` or a wait.
 pub(crate) async fn open_targets(
     run: &Run<'_>,
@@ -1166,7 +1179,7 @@ pub(crate) async fn open_targets(
     let states: Vec<(Pod, Result<member::State, member::Unknown>)> =
         stream::iter(chosen.into_iter().map(|p| async move {
             let state = match pod_ip(&p).and_then(|ip| ip.parse::<IpAddr>().ok()) {
-                Some(ip) => member::state(ip, &node_name(sts, &p)).await,
+                Some(ip) => member::state(ip, &node_name(named_by_pod_name(run), &p)).await,
                 None => Err(member::Unknown("it has no Pod IP".into())),
             };
             (p, state)

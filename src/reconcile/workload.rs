@@ -41,7 +41,8 @@ impl LiveWorkload {
             .get(EFFECT_ANNOTATION)
             .map(String::as_str)
     }
-    /// Owned: fleet label with this UID, no owner references, not deleting (behavior.md §0).
+    /// Owned: fleet label with this UID, no owner references, not deleting (docs/design.md
+    /// "Terms").
     pub fn owned_by(&self, fleet_uid: &str) -> bool {
         let owned = match self {
             Self::StatefulSet(s) => super::owned(s.as_ref(), fleet_uid),
@@ -109,7 +110,7 @@ impl LiveWorkload {
             .get_or_insert_with(Default::default)
             .insert(crate::api::keys::FENCE_ANNOTATION.into(), value.into());
     }
-    /// Rolled out (behavior.md §0) at `replicas`.
+    /// Rolled out (docs/design.md "Terms") at `replicas`.
     pub fn rolled_out(&self) -> bool {
         let generation = self.meta().generation.unwrap_or(0);
         match self {

@@ -1,4 +1,4 @@
-//! Ordered Bucket zone gate (behavior.md §6.3): Ordered Bucket Pods in Strict mode start
+//! Ordered Bucket zone gate (docs/design.md "Zone gate"): Ordered Bucket Pods in Strict mode start
 //! behind the `celld.eric.dev/bucket-zone` scheduling gate; the operator pins ordinal n to
 //! `zones[n mod len(zones)]` and removes the gate, so removing the highest ordinal always
 //! leaves a zone-balanced prefix. Not journaled: it completes Pod creation and changes no

@@ -1,4 +1,4 @@
-//! NetworkPolicy, PodDisruptionBudget and Services (behavior.md §4.1).
+//! NetworkPolicy, PodDisruptionBudget and Services (docs/design.md "Rendering").
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::api::networking::v1::{

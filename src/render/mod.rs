@@ -1,4 +1,4 @@
-//! Desired objects of a fleet (behavior.md §4): pure functions of the fleet spec,
+//! Desired objects of a fleet (docs/design.md "Rendering"): pure functions of the fleet spec,
 //! its UID and the operator's settings. No client, no clock.
 //!
 //! Defaultable fields are rendered explicitly (protocol `TCP`, probe scheme `HTTP`,
@@ -71,7 +71,8 @@ pub fn claim_name(fleet: &str, ordinal: i32) -> String {
     format!("data-{fleet}-{ordinal}")
 }
 
-/// The runtime endpoint of the test object store (runtime.md §3, `--local-test`).
+/// The runtime endpoint of the test object store (docs/runtime.md "The member environment",
+/// `--local-test`).
 pub const TEST_STORE_ENDPOINT: &str = "http://minio.celld-test-store.svc:9000";
 /// Fixed test-store access key (`--local-test`).
 pub const TEST_STORE_ACCESS_KEY: &str = "celld-test";

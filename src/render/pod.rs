@@ -1,4 +1,5 @@
-//! The member Pod template (behavior.md §4.3) and its environment (runtime.md §3).
+//! The member Pod template (docs/design.md "Rendering") and its environment (docs/runtime.md
+//! "The member environment").
 
 use std::collections::BTreeMap;
 
@@ -17,7 +18,7 @@ use super::{fleet_labels, peers_service_name, FleetRef, RenderSettings};
 use crate::api::keys::RESTART_TOKEN_ANNOTATION;
 use crate::api::{BucketWorkload, PlacementMode, Profile};
 
-/// Scheduling gate of Ordered Bucket Pods in Strict mode (behavior.md §6.3).
+/// Scheduling gate of Ordered Bucket Pods in Strict mode (docs/design.md "Zone gate").
 pub const BUCKET_ZONE_GATE: &str = "celld.eric.dev/bucket-zone";
 /// Mount path of the `data` volume (`CELLD_WATCH`).
 pub const DATA_MOUNT_PATH: &str = "/work";
@@ -40,7 +41,8 @@ fn value(name: &str, v: impl Into<String>) -> EnvVar {
     }
 }
 
-/// The container environment: runtime.md §3 in its order, then `spec.env` in list order.
+/// The container environment: the variables of docs/runtime.md "The member environment" in
+/// that order, then `spec.env` in list order.
 pub fn container_env(fleet: &FleetRef, settings: &RenderSettings) -> Vec<EnvVar> {
     let spec = fleet.spec;
     let persistent = spec.profile == Profile::PersistentFleet;

@@ -1,4 +1,4 @@
-//! The CelldStorageReservation spec and its `specHash` (api.md §3.1).
+//! The CelldStorageReservation spec and its `specHash` (docs/design.md "The storage reservation").
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -33,7 +33,7 @@ pub fn spec_hash(spec: &CelldFleetSpec, initial_replicas: i32) -> String {
     hex::encode(Sha256::digest(canonical_json(&v).as_bytes()))
 }
 
-/// The reservation spec a fleet creates (api.md §3).
+/// The reservation spec a fleet creates.
 pub fn reservation_spec(
     namespace: &str,
     name: &str,

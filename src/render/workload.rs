@@ -1,4 +1,4 @@
-//! The workload `<f>` (behavior.md §4.2): a Deployment for Bucket fleets, a StatefulSet
+//! The workload `<f>` (docs/design.md "Rendering"): a Deployment for Bucket fleets, a StatefulSet
 //! for Ordered Bucket and PersistentFleet.
 
 use std::collections::BTreeMap;

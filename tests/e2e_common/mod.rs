@@ -186,7 +186,7 @@ impl Operator {
 /// fleet's boundaries).
 ///
 /// First, every fleet's journal in the namespace must verify (`celld-operator journal verify`,
-/// behavior.md §18 scenario 30).
+/// docs/journal.md "Audit").
 pub async fn cleanup(client: &Client, ns: TestNamespace) {
     let fleets = Api::<CelldFleet>::namespaced(client.clone(), &ns.name)
         .list(&ListParams::default())

@@ -2,10 +2,10 @@
 //! watches on the fleet, its workload (StatefulSet or Deployment) and its Pods fold into one
 //! view, and every change of interest becomes a [`Mark`] on the timeline.
 //!
-//! "Settled" is behavior.md §0's "rolled out" seen from outside: the workload's
-//! `status.observedGeneration ≥ metadata.generation`, `status.replicas == updatedReplicas ==
-//! readyReplicas == spec.replicas` (and for a StatefulSet `currentRevision == updateRevision`),
-//! and exactly `spec.replicas` fleet Pods exist, none terminating, all Ready.
+//! "Settled" is the operator's "rolled out" (docs/design.md "Terms") seen from outside: the
+//! workload's `status.observedGeneration ≥ metadata.generation`, `status.replicas ==
+//! updatedReplicas == readyReplicas == spec.replicas` (and for a StatefulSet `currentRevision ==
+//! updateRevision`), and exactly `spec.replicas` fleet Pods exist, none terminating, all Ready.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -77,8 +77,8 @@ impl View {
                 }
                 self.fleet_replicas = r;
             }
-            // "Rolled out" is the operator's own definition (behavior.md §0): the bench times
-            // when that predicate turns true, not an approximation of it.
+            // "Rolled out" is the operator's own definition (docs/design.md "Terms"): the bench
+            // times when that predicate turns true, not an approximation of it.
             Obs::StatefulSet(s) => {
                 let w = s.map(|s| LiveWorkload::StatefulSet(Box::new(s)));
                 self.set_workload(w.map(|w| (w.replicas(), w.rolled_out())), &mut mark);

@@ -103,7 +103,7 @@ async fn internal(node: Arc<Node>, req: Request<Incoming>) -> HandlerResult {
     }
 }
 
-/// The `shutdown` object of `/state` (runtime.md §4).
+/// The `shutdown` object of `/state` (docs/runtime.md "`GET /state`").
 pub fn shutdown_json(node: &Node) -> Value {
     let op = node.removal.lock().expect("removal").clone();
     let control_only = op.as_ref().is_some_and(|o| o.phase.terminal());

@@ -400,8 +400,9 @@ fn preferred_taker(node: &Node, cell: &str) -> bool {
     best.is_some_and(|(_, n)| n == node.cfg.node)
 }
 
-/// Other nodes notice an expired lease and take over its cells (runtime.md §7): every TTL/2 the
-/// preferred taker of each orphaned cell recovers the owner's sessions and claims it.
+/// Other nodes notice an expired lease and take over its cells (integration/celld-sim/README.md
+/// "How it works"): every TTL/2 the preferred taker of each orphaned cell recovers the owner's
+/// sessions and claims it.
 pub async fn sweep_loop(node: Arc<Node>) {
     loop {
         tokio::time::sleep(node.cfg.ttl / 2).await;

@@ -1,4 +1,5 @@
-//! The environment contract (runtime.md §3) plus the simulator's own `CELLD_SIM_*` tuning knobs.
+//! The member environment (docs/runtime.md "The member environment") plus the simulator's own
+//! `CELLD_SIM_*` tuning knobs.
 //!
 //! The simulator takes no arguments: everything comes from the environment the test kubelet
 //! resolves from the Pod spec.

@@ -1,5 +1,6 @@
-//! Fault switches (runtime.md §9): set by `PUT /sim/faults` (a JSON object; omitted keys keep their
-//! value) and initially from the file named by `CELLD_SIM_FAULTS_FILE`.
+//! Fault switches (integration/celld-sim/README.md "Endpoints"): set by `PUT /sim/faults` (a JSON
+//! object; omitted keys keep their value) and initially from the file named by
+//! `CELLD_SIM_FAULTS_FILE`.
 
 use std::fmt;
 use std::str::FromStr;

@@ -1,4 +1,4 @@
-//! Name resolution through a hosts file only (runtime.md §9 "Object store and names").
+//! Name resolution through a hosts file only (integration/celld-sim/README.md "Running it").
 //!
 //! The test kubelet keeps the file current; the simulator re-reads it when it changed, checking at
 //! most once a second. A name missing from the file is unreachable: there is no fallback to the

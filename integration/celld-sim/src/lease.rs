@@ -1,4 +1,5 @@
-//! The S3 lease `nodes/<node>.json` and self-fencing (runtime.md §7).
+//! The S3 lease `nodes/<node>.json` and self-fencing (docs/runtime.md "Process, health and
+//! self-fencing").
 //!
 //! Created with `If-None-Match: *`; a restart under the same node takes it over by
 //! compare-and-swap; renewed every `CELLD_TTL_MS / 3` by compare-and-swap. Every write of the
@@ -196,7 +197,7 @@ impl Lease {
         self.released.load(Ordering::SeqCst)
     }
 
-    /// Ends the process: the runtime's self-fence (runtime.md §7). Leaves the store untouched.
+    /// Ends the process: the runtime's self-fence. Leaves the store untouched.
     pub fn fence(&self, cause: FenceCause, detail: &str) -> ! {
         let line = format!(
             "SELF-FENCE: {}: node={} generation={} {detail}",

@@ -1,7 +1,7 @@
-//! The ledger oracle (testbed.md §5): each phase writes one unique id into each of 12 distinct
-//! cells and keeps every earlier id; a check reads every acknowledged id back, retrying briefly
-//! through handoffs. Any missing or wrong value fails; a definite wrong answer is final and is
-//! never retried into a pass. Only acknowledged ids count: an id whose write never got a clear
+//! The ledger oracle (docs/design.md "Oracles"): each phase writes one unique id into each of 12
+//! distinct cells and keeps every earlier id; a check reads every acknowledged id back, retrying
+//! briefly through handoffs. Any missing or wrong value fails; a definite wrong answer is final and
+//! is never retried into a pass. Only acknowledged ids count: an id whose write never got a clear
 //! acknowledgement is reported, not checked.
 //!
 //! Members are addressed by base URLs `http://<ip>:8080` chosen by the caller (fresh Pod IPs in
@@ -251,8 +251,8 @@ impl Ledger {
         report
     }
 
-    /// One phase as testbed.md §5 describes it: write 12 new ids, then read every acknowledged
-    /// id of every phase back. `Err` carries a readable account of what failed.
+    /// One phase of the ledger oracle (docs/design.md "Oracles"): write 12 new ids, then read every
+    /// acknowledged id of every phase back. `Err` carries a readable account of what failed.
     pub async fn phase(
         &mut self,
         members: &[String],

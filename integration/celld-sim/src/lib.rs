@@ -1,9 +1,10 @@
-//! The celld simulator (runtime.md §9) and the ledger oracle used by the test bed.
+//! The celld simulator (integration/celld-sim/README.md) and the ledger oracle of the test bed.
 //!
-//! The binary `celld-sim` is configured by environment only (runtime.md §3 plus the
-//! `CELLD_SIM_*` knobs in [`config`]). The modules follow its concerns: configuration, name
-//! resolution, the S3 client, the lease, cells and durability, recovery, the peer protocol,
-//! strict removal, the HTTP API and fault switches. [`ledger`] is the test-side oracle.
+//! The binary `celld-sim` is configured by environment only (docs/runtime.md "The member
+//! environment" plus the `CELLD_SIM_*` knobs in [`config`]). The modules follow its concerns:
+//! configuration, name resolution, the S3 client, the lease, cells and durability, recovery, the
+//! peer protocol, strict removal, the HTTP API and fault switches. [`ledger`] is the test-side
+//! oracle.
 
 pub mod api;
 pub mod cells;

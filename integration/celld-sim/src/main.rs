@@ -1,4 +1,5 @@
-//! `celld-sim`: no arguments, configuration by environment (runtime.md §3, §9).
+//! `celld-sim`: no arguments, configuration by environment (integration/celld-sim/README.md
+//! "Running it").
 //!
 //! Exit codes: 0 after a SIGTERM drain, 3 after a `SELF-FENCE:` line, 7 on a startup failure.
 

@@ -1,7 +1,7 @@
 //! Records the simulator keeps in the object store, and where they live.
 //!
 //! ```text
-//! nodes/<node>.json                         lease record (runtime.md §7)
+//! nodes/<node>.json                         lease record
 //! cells/<cell>/own.json                     ownership {node, epoch, …}
 //! cells/<cell>/data/<epoch>/<id>            one object per acknowledged (or flushed) id
 //! log/<session>/complete.json               the session is bucket_complete: no follower needed

@@ -344,8 +344,8 @@ pub async fn run(cfg: Config) -> i32 {
     std::future::pending::<i32>().await
 }
 
-/// Startup probe (runtime.md §2 "Startup"): conditional create, rejected create, conditional
-/// overwrite, rejected stale overwrite and ranged read under `probe/`.
+/// Startup probe (integration/celld-sim/README.md "How it works"): conditional create, rejected
+/// create, conditional overwrite, rejected stale overwrite and ranged read under `probe/`.
 async fn probe(store: &Store, cfg: &Config, generation: &str) -> Result<(), String> {
     let deadline = Instant::now() + cfg.store_wait;
     loop {
@@ -540,9 +540,10 @@ async fn signal_loop() {
     }
 }
 
-/// SIGTERM (runtime.md §2, §9): upload its own unflushed writes, hand owned cells back (release),
-/// give up the lease, exit 0, bounded by `CELLD_SHUTDOWN_TOTAL_MS`. Fragments held for other
-/// leaders stay on disk (their leaders still hold the data).
+/// SIGTERM (integration/celld-sim/README.md "How it works"): upload its own unflushed writes,
+/// hand owned cells back (release), give up the lease, exit 0, bounded by
+/// `CELLD_SHUTDOWN_TOTAL_MS`. Fragments held for other leaders stay on disk (their leaders still
+/// hold the data).
 async fn drain_and_exit(node: Arc<Node>) {
     {
         let mut life = node.life.lock().expect("life");

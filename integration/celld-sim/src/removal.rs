@@ -1,4 +1,5 @@
-//! Strict removal: `POST /shutdown?mode=remove-disk` and its state machine (runtime.md §5).
+//! Strict removal: `POST /shutdown?mode=remove-disk` and its state machine (docs/runtime.md
+//! "Strict disk removal: `POST /shutdown?mode=remove-disk`").
 //!
 //! ```text
 //! (none) ──valid POST──▶ draining ──every obligation covered──▶ data_safe   (terminal)
@@ -291,9 +292,10 @@ async fn run(node: Arc<Node>, started: Instant) {
         .await;
 }
 
-/// Everything `data_safe` requires (runtime.md §5): own log and every fragment held for other
-/// leaders in the store, no loss record for those sessions, cells released, and a check that the
-/// store really holds every object.
+/// Everything `data_safe` requires: own log and every fragment held for other leaders in the
+/// store, no loss record for those sessions, cells released, and a check that the store really
+/// holds every object. See
+/// docs/runtime.md "Strict disk removal: `POST /shutdown?mode=remove-disk`".
 async fn obligations(node: &Arc<Node>) -> Result<(), Obstacle> {
     match node.lease.update(|r| r.draining = true).await {
         Ok(()) => {}

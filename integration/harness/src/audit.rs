@@ -1,5 +1,5 @@
-//! Reading the control plane's audit log (testbed.md §1): the drills count the writes the
-//! API server accepted, per object and per effect marker.
+//! Reading the control plane's audit log (README.md "The local control plane"): the drills count
+//! the writes the API server accepted, per object and per effect marker.
 
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! The test-bed harness for real-cluster tests (spec/testbed.md §1, §6).
+//! The test-bed harness for real-cluster tests (docs/design.md "Test bed").
 //!
 //! [`cluster()`] starts the local control plane once per test process (or reuses a
 //! healthy one started by `make cluster-up` or an earlier test binary), installs the

@@ -1,8 +1,8 @@
 //! CRD admission on the real API server (issue: foundation, item 6).
 //!
-//! Every validation rule of spec/api.md is exercised by at least one manifest that the
-//! API server must reject with the rule's message; valid samples are accepted and read
-//! back with defaults; immutable fields are rejected on update; `/scale` works.
+//! Every validation rule of the CRD schema (`src/api/`) is exercised by at least one manifest that
+//! the API server must reject with the rule's message; valid samples are accepted and read back
+//! with defaults; immutable fields are rejected on update; `/scale` works.
 
 use celld_harness::{api_error_message, cluster, repo_root, TestNamespace};
 use celld_operator::api::{CelldFleet, CelldStorageReservation};
@@ -604,7 +604,7 @@ async fn valid_samples_are_accepted_and_read_back_with_defaults() {
         "expected the Bucket and PersistentFleet samples"
     );
 
-    // A minimal manifest reads back with every default of api.md §2 materialised.
+    // A minimal manifest reads back with every schema default materialised.
     let minimal = json!({
         "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
         "metadata": {"name": "minimal"},

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 
 /// The test kubelet: runs the Pods bound to its Nodes as local processes on loopback IPs, and
-/// provisions `hostpath.csi.k8s.io` volumes as folders (spec/testbed.md §2).
+/// provisions `hostpath.csi.k8s.io` volumes as folders.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "celld-test-kubelet", version)]
 pub struct Args {

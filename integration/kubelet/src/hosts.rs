@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-/// The object store's service name (runtime.md §3).
+/// The object store's service name (docs/runtime.md "The member environment").
 pub const STORE_NAME: &str = "minio.celld-test-store.svc";
 
 /// One Pod incarnation's DNS entry.

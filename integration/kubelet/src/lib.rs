@@ -1,5 +1,5 @@
-//! The test bed's kubelet (spec/testbed.md §2): registers Nodes, runs the Pods bound to them as
-//! local processes on fresh loopback IPs, reports their status truthfully, terminates them
+//! The test bed's kubelet (integration/kubelet/README.md): registers Nodes, runs the Pods bound to
+//! them as local processes on fresh loopback IPs, reports their status truthfully, terminates them
 //! gracefully, keeps a hosts file for peer names, provisions `hostpath.csi.k8s.io` volumes as
 //! folders, and exposes fault controls (zombie node, kill, pause) on a loopback HTTP endpoint.
 //!

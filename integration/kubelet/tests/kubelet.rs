@@ -1,5 +1,5 @@
-//! Real-cluster tests of the test kubelet (spec/testbed.md §2): one kubelet per test binary,
-//! started once and shared; every test has its own namespace.
+//! Real-cluster tests of the test kubelet (integration/kubelet/README.md "Tests"): one kubelet per
+//! test binary, started once and shared; every test has its own namespace.
 //!
 //! The kubelet's Nodes carry a taint and a per-run instance label so that only these tests' Pods
 //! land on them; the last Node is reserved for the zombie test (other tests keep off it).

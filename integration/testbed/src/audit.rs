@@ -1,4 +1,4 @@
-//! The audit-log reader: the "exactly one write" oracle (testbed.md §5).
+//! The audit-log reader: the "exactly one write" oracle (docs/design.md "Oracles").
 //!
 //! The API server writes one JSON object per line to `<cluster work dir>/audit/audit.log`
 //! (policy: `integration/cluster/audit-policy.yaml`; mode `blocking`, so an event is in the file

@@ -1,5 +1,6 @@
-//! Identity snapshots (testbed.md §5): Pod UIDs and IPs, claim UIDs and the PV bound to each
-//! claim, taken before and after a scenario, so a test can prove what was kept and what is fresh.
+//! Identity snapshots (docs/design.md "Oracles"): Pod UIDs and IPs, claim UIDs and the PV bound to
+//! each claim, taken before and after a scenario, so a test can prove what was kept and what is
+//! fresh.
 
 use std::collections::BTreeMap;
 

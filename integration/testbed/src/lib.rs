@@ -1,4 +1,4 @@
-//! The test bed launcher (spec/testbed.md §1–§5): one call gives a test the whole local
+//! The test bed launcher (docs/design.md "Test bed"): one call gives a test the whole local
 //! environment the operator runs against.
 //!
 //! [`TestBed::get`] (blocking) or [`TestBed::shared`] (async) starts it once per test process
@@ -63,7 +63,7 @@ pub use sampler::{Expect, Sampler, SamplerReport};
 pub use simset::SimSet;
 pub use store::{StoreServer, ACCESS_KEY, SECRET_KEY};
 
-/// The store's service name members dial (runtime.md §3).
+/// The store's service name members dial (docs/runtime.md "The member environment").
 pub const STORE_HOST: &str = "minio.celld-test-store.svc";
 /// The store port members dial.
 pub const STORE_PORT: u16 = 9000;

@@ -1,4 +1,4 @@
-//! Talking to one member by Pod IP: the runtime calls of runtime.md §4–§5 on 8081 (`/state`,
+//! Talking to one member by Pod IP: the runtime calls of docs/runtime.md on 8081 (`/state`,
 //! strict removal), health on 8080, and the simulator's `/sim/info` and `/sim/faults`.
 //! Addresses always come from a fresh Pod read (never a Service or a name).
 

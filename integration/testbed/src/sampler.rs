@@ -1,7 +1,7 @@
-//! The one-member-down sampler (testbed.md §5): during a rollout, contraction or fault, sample
-//! the members every second (from the API server: what the workload controller and the operator
-//! see) and record a violation whenever more of them are missing, unready or terminating than the
-//! scenario allows.
+//! The one-member-down sampler (docs/design.md "Oracles"): during a rollout, contraction or fault,
+//! sample the members every second (from the API server: what the workload controller and the
+//! operator see) and record a violation whenever more of them are missing, unready or terminating
+//! than the scenario allows.
 //!
 //! ```no_run
 //! # async fn f(client: kube::Client, ns: &str) {

@@ -1,6 +1,6 @@
 //! A hand-written StatefulSet of the simulator (issue 4): the objects the operator would render
-//! for a fleet, minus the operator. Env follows runtime.md §3 (`--local-test` store settings
-//! included) plus the simulator's test tuning:
+//! for a fleet, minus the operator. Env follows docs/runtime.md "The member environment"
+//! (`--local-test` store settings included) plus the simulator's test tuning:
 //!
 //! | Variable | Value here | Why |
 //! |---|---|---|
@@ -120,7 +120,8 @@ impl SimSet {
         json!({"app.kubernetes.io/name": "celld-sim", "celld.test/set": self.name})
     }
 
-    /// The container env (runtime.md §3 for the chosen durability, then test tuning).
+    /// The container env (docs/runtime.md "The member environment" for the chosen durability,
+    /// then test tuning).
     pub fn env(&self, ns: &str) -> Vec<Value> {
         let fleet = self.durability == "fleet";
         let mut env = vec![

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// The test store's fixed access key (runtime.md §3).
+/// The test store's fixed access key (docs/runtime.md "The member environment").
 pub const ACCESS_KEY: &str = "celld-test";
 /// The test store's fixed secret key.
 pub const SECRET_KEY: &str = "celld-test-secret";

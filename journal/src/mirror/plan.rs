@@ -1,4 +1,4 @@
-//! The reconcile rules between the mirror and the annotation (journal.md "Replay"), as a pure
+//! The reconcile rules between the mirror and the annotation (docs/journal.md "Replay"), as a pure
 //! function from what the mirror holds to a plan of writes and moves.
 //!
 //! - Mirror missing entries → write them from the annotation (backfill).
