@@ -592,6 +592,8 @@ impl SweepOp {
             .iter()
             .filter(|e| e.succeeded() && by_operator(e) && e.resource == "deployments")
             .filter(|e| e.subresource.is_none() && e.name.as_deref() == Some("sl"))
+            // Drills run side by side, each with a fleet `sl` and the same token numbering.
+            .filter(|e| e.namespace.as_deref() == Some(ns))
             .filter_map(|e| e.request_object.as_ref())
             .filter(|o| {
                 o["metadata"]["annotations"]["celld.eric.dev/effect"]
@@ -923,7 +925,7 @@ async fn api_faults_on_every_write_never_duplicate_an_effect() {
 // stopped (SIGSTOP from outside, as a frozen VM or a long GC pause would) at a uniformly
 // random delay inside the operation's clean duration; the standby takes the Lease once it
 // expires and finishes; the old leader is woken up. Checks per run: no write of the deposed
-// leader's accepted after the standby's first accepted write (its Lease takeover), exactly
+// leader's received after the standby acquired the Lease (its acquireTime) accepted, exactly
 // one accepted effect write, the operation settled, the journal verifies against the new
 // leader's mirror.
 
@@ -959,6 +961,18 @@ async fn frozen_leader_run(
     tokio::time::sleep(delay).await;
     a.signal("STOP");
     lease_held_by(&client, operator_ns, &lease_name(), &id_b).await;
+    // The takeover instant: B's acquireTime on the Lease (Lease writes are not audited, and B
+    // writes nothing else when the operation finished before A was frozen).
+    let acquired = Api::<Lease>::namespaced(client.clone(), operator_ns)
+        .get(&lease_name())
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.acquire_time)
+        .map(|t| t.0.to_string())
+        .expect("B's Lease has an acquireTime");
+    let acquired = chrono::DateTime::parse_from_rfc3339(&acquired)
+        .unwrap_or_else(|e| panic!("acquireTime {acquired}: {e}"));
     let settled = op
         .settles_within(&api, &before, Duration::from_secs(90))
         .await;
@@ -968,18 +982,18 @@ async fn frozen_leader_run(
     let _ = b.terminate(Duration::from_secs(30)).await;
     drop(b);
     let events = audit.events().unwrap();
-    let takeover = events
+    // Accepted writes by A received after B acquired the Lease.
+    let late: Vec<String> = events
         .iter()
-        .position(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_b));
-    let late: Vec<String> = takeover
-        .map(|t| {
-            events[t..]
-                .iter()
-                .filter(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_a))
-                .map(|e| format!("{} {}", e.verb, e.request_uri))
-                .collect()
+        .filter(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_a))
+        .filter(|e| {
+            chrono::DateTime::parse_from_rfc3339(&e.received).map_or(true, |at| at >= acquired)
         })
-        .unwrap_or_default();
+        .map(|e| format!("{} {} at {}", e.verb, e.request_uri, e.received))
+        .collect();
+    let b_wrote = events
+        .iter()
+        .any(|e| e.succeeded() && e.is_write() && e.user_agent.contains(&by_b));
     let effects = op.effects(c, &ns, &audit);
     if op.change != Change::Delete {
         verify_journal(
@@ -989,11 +1003,11 @@ async fn frozen_leader_run(
         );
     }
     let line = format!(
-        "{} frozen at {delay:?}: settled={settled} effect writes={effects} late writes by A={} (A exited {a_code})",
+        "{} frozen at {delay:?}: settled={settled} effect writes={effects} late writes by A={} (A exited {a_code}, B wrote: {b_wrote})",
         op.label,
         late.len()
     );
-    if settled && effects == 1 && late.is_empty() && takeover.is_some() && a_code != 0 {
+    if settled && effects == 1 && late.is_empty() && a_code != 0 {
         Ok(line)
     } else {
         Err(format!("{line}: {late:?}"))
