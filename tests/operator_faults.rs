@@ -105,6 +105,9 @@ async fn stale_leader_drill(
         Frozen::Replacement => ("pods", member.as_ref().expect("a member Pod").name_any()),
     };
     let member_uid = member.as_ref().and_then(|p| p.uid());
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(client.clone(), &ns.name);
+    let deployment = || async { deployments.get("sl").await.unwrap() };
     let writes_to_target = |events: &[AuditEvent]| -> Vec<String> {
         events
             .iter()
@@ -196,11 +199,7 @@ async fn stale_leader_drill(
     assert_eq!(outcome, expected);
     let annotations = match what {
         Frozen::Scale => {
-            let d: k8s_openapi::api::apps::v1::Deployment =
-                Api::namespaced(client.clone(), &ns.name)
-                    .get("sl")
-                    .await
-                    .unwrap();
+            let d = deployment().await;
             d.metadata.annotations
         }
         Frozen::Replacement => pods.get(&target).await.unwrap().metadata.annotations,
@@ -258,11 +257,7 @@ async fn stale_leader_drill(
     }
     match what {
         Frozen::Scale => {
-            let d: k8s_openapi::api::apps::v1::Deployment =
-                Api::namespaced(client.clone(), &ns.name)
-                    .get("sl")
-                    .await
-                    .unwrap();
+            let d = deployment().await;
             assert_eq!(
                 d.spec.and_then(|s| s.replicas),
                 Some(4),
