@@ -134,15 +134,8 @@ async fn stale_leader_drill(
                 .unwrap();
         }
         Frozen::Replacement => {
-            let request = format!("{target}/{}", member_uid.clone().unwrap_or_default());
-            api.patch(
-                "sl",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {
-                    "celld.eric.dev/replace-member": request}}})),
-            )
-            .await
-            .unwrap();
+            let uid = member_uid.clone().unwrap_or_default();
+            request_replacement(&api, "sl", &target, &uid).await;
         }
     }
     let kind = match what {
@@ -352,6 +345,9 @@ enum Change {
     Provision,
     /// Deleting fleet `pd`.
     Delete,
+    /// An administrative replacement of one of `sl`'s members
+    /// (`celld.eric.dev/replace-member: <pod>/<uid>`): one guarded Pod delete.
+    Replace,
 }
 
 /// One operation the sweep runs. They run in the order of [`SWEEP_OPS`], each leaving the
@@ -374,10 +370,15 @@ const RESTART: SweepOp = SweepOp {
     label: "Restart (rolling)",
     change: Change::Restart,
 };
-const SWEEP_OPS: [SweepOp; 7] = [
+const REPLACE: SweepOp = SweepOp {
+    label: "MemberReplacement",
+    change: Change::Replace,
+};
+const SWEEP_OPS: [SweepOp; 8] = [
     CONTRACTION,
     GROWTH,
     RESTART,
+    REPLACE,
     SweepOp {
         label: "Upgrade",
         change: Change::Upgrade,
@@ -424,6 +425,16 @@ impl SweepOp {
             Change::Drift => "TemplateUpdate",
             Change::Provision => "Provision",
             Change::Delete => "Delete",
+            Change::Replace => "MemberReplacement",
+        }
+    }
+
+    /// The requests the bounded sweep faults: the ones that carry the effect (the workload
+    /// writes; a member replacement's Pod delete).
+    fn effect_filter(&self) -> &'static str {
+        match self.change {
+            Change::Replace => "write:pods",
+            _ => "write:deployments",
         }
     }
 
@@ -517,6 +528,22 @@ impl SweepOp {
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => panic!("deleting fleet pd: {e}"),
             },
+            Change::Replace => {
+                // A live member of `sl` at its current UID (pd's members are named `pd-…`).
+                let pods: Api<Pod> = Api::namespaced(api.clone().into_client(), ns);
+                let member = pods
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .into_iter()
+                    .find(|p| {
+                        p.name_any().starts_with("sl-") && p.metadata.deletion_timestamp.is_none()
+                    })
+                    .expect("a live member of sl");
+                let uid = member.uid().unwrap_or_default();
+                request_replacement(api, "sl", &member.name_any(), &uid).await;
+            }
         }
     }
 
@@ -529,16 +556,22 @@ impl SweepOp {
         if self.change == Change::Delete {
             return found.is_none();
         }
-        found.and_then(|f| f.status).is_some_and(|s| {
-            s.current_operation.is_none()
-                && s.ready_replicas == Some(self.members())
-                && s.applied_replicas == Some(self.members())
-                && s.recent_operations.first().is_some_and(|o| {
-                    Some(&o.id) != before.as_ref()
-                        && format!("{:?}", o.kind) == self.kind()
-                        && o.outcome == "Succeeded"
-                })
-        })
+        // A replacement's request is removed in the write that closes it.
+        let request_open = found.as_ref().is_some_and(|f| {
+            f.annotations()
+                .contains_key("celld.eric.dev/replace-member")
+        });
+        !request_open
+            && found.and_then(|f| f.status).is_some_and(|s| {
+                s.current_operation.is_none()
+                    && s.ready_replicas == Some(self.members())
+                    && s.applied_replicas == Some(self.members())
+                    && s.recent_operations.first().is_some_and(|o| {
+                        Some(&o.id) != before.as_ref()
+                            && format!("{:?}", o.kind) == self.kind()
+                            && o.outcome == "Succeeded"
+                    })
+            })
     }
 
     /// Whether [`SweepOp::settled`] holds within `limit`.
@@ -558,47 +591,104 @@ impl SweepOp {
         false
     }
 
-    /// Accepted operator writes that carry the effect: the workload writes with the
-    /// operation's marker (Delete: the workload deletes since `run` was marked; every
-    /// Provision creates `pd` again under the same name).
+    /// Operator writes that carry the effect: the workload writes with the operation's
+    /// marker (Delete: the workload deletes; every Provision creates `pd` again under the
+    /// same name; Replace: every Pod delete in the namespace), counted from the run's audit.
+    /// A write answered 504 "context canceled" (its sender was killed mid-request) may have
+    /// committed all the same: it counts as the effect when no accepted write does, so a
+    /// committed-but-unanswered write followed by a second one still counts two.
     fn effects(&self, c: &celld_harness::Cluster, ns: &str, run: &AuditLog) -> usize {
-        if self.change == Change::Delete {
-            return run
-                .events()
-                .unwrap()
+        let events = run.events().unwrap();
+        let ours = |e: &&AuditEvent| by_operator(e) && e.namespace.as_deref() == Some(ns);
+        // Accepted writes, plus unanswered ones that may have committed: all of them, but
+        // one whose precondition resourceVersion an accepted write carries too did not (two
+        // writes with the same precondition cannot both commit).
+        let count = |hits: Vec<&AuditEvent>| {
+            let precondition = |e: &AuditEvent| {
+                e.request_object.as_ref().and_then(|o| {
+                    o["metadata"]["resourceVersion"]
+                        .as_str()
+                        .or(o["preconditions"]["resourceVersion"].as_str())
+                        .map(str::to_string)
+                })
+            };
+            let accepted = hits.iter().filter(|e| e.succeeded()).count();
+            let unanswered = hits
                 .iter()
-                .filter(|e| e.succeeded() && e.verb == "delete" && by_operator(e))
-                .filter(|e| e.resource == "deployments" && e.name.as_deref() == Some("pd"))
-                .filter(|e| e.namespace.as_deref() == Some(ns))
+                .filter(|e| e.unanswered())
+                .filter(|e| {
+                    let rv = precondition(e);
+                    !hits
+                        .iter()
+                        .any(|a| a.succeeded() && rv.is_some() && precondition(a) == rv)
+                })
                 .count();
+            accepted + unanswered
+        };
+        match self.change {
+            Change::Replace => {
+                return count(
+                    events
+                        .iter()
+                        .filter(ours)
+                        .filter(|e| e.verb == "delete" && e.resource == "pods")
+                        .filter(|e| e.subresource.is_none())
+                        .collect(),
+                )
+            }
+            Change::Delete => {
+                return count(
+                    events
+                        .iter()
+                        .filter(ours)
+                        .filter(|e| e.verb == "delete" && e.resource == "deployments")
+                        .filter(|e| e.name.as_deref() == Some("pd"))
+                        .collect(),
+                )
+            }
+            _ => {}
         }
         let marker = marker_of(c, ns, "deployment", self.fleet());
-        let writes =
-            celld_harness::audit::operator_writes(c, ns, "deployments", self.fleet(), &marker);
+        let marker_of_write = |e: &AuditEvent| {
+            e.request_object
+                .as_ref()
+                .and_then(|o| o["metadata"]["annotations"]["celld.eric.dev/effect"].as_str())
+                .map(str::to_string)
+        };
+        let workload_writes: Vec<&AuditEvent> = events
+            .iter()
+            .filter(ours)
+            .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
+            .filter(|e| e.resource == "deployments" && e.subresource.is_none())
+            .filter(|e| e.name.as_deref() == Some(self.fleet()))
+            .collect();
+        let writes = count(
+            workload_writes
+                .iter()
+                .copied()
+                .filter(|e| marker_of_write(e).as_deref() == Some(marker.as_str()))
+                .collect(),
+        );
         if self.change != Change::Restart {
             return writes;
         }
-        // A restart token is issued once: the accepted template writes (any operation's
-        // `…/template` marker) in this run that carry the run's token, counted as well.
+        // A restart token is issued once: the template writes (any operation's `…/template`
+        // marker) in this run that carry the run's token, counted as well.
         let token = restart_token(c, ns);
-        let template_writes = run
-            .events()
-            .unwrap()
-            .iter()
-            .filter(|e| e.succeeded() && by_operator(e) && e.resource == "deployments")
-            .filter(|e| e.subresource.is_none() && e.name.as_deref() == Some("sl"))
-            // Drills run side by side, each with a fleet `sl` and the same token numbering.
-            .filter(|e| e.namespace.as_deref() == Some(ns))
-            .filter_map(|e| e.request_object.as_ref())
-            .filter(|o| {
-                o["metadata"]["annotations"]["celld.eric.dev/effect"]
-                    .as_str()
-                    .is_some_and(|m| m.ends_with("/template"))
-                    && o["spec"]["template"]["metadata"]["annotations"]
-                        ["celld.eric.dev/restart-token"]
-                        == token.as_str()
-            })
-            .count();
+        let template_writes = count(
+            workload_writes
+                .iter()
+                .copied()
+                .filter(|e| marker_of_write(e).is_some_and(|m| m.ends_with("/template")))
+                .filter(|e| {
+                    e.request_object.as_ref().is_some_and(|o| {
+                        o["spec"]["template"]["metadata"]["annotations"]
+                            ["celld.eric.dev/restart-token"]
+                            == token.as_str()
+                    })
+                })
+                .collect(),
+        );
         if template_writes == writes {
             writes
         } else {
@@ -637,11 +727,6 @@ struct RunOutcome {
     effects: usize,
     counted: usize,
     elapsed: Duration,
-}
-
-fn log_since(path: &std::path::Path, offset: u64) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    String::from_utf8_lossy(&text[(offset as usize).min(text.len())..]).into_owned()
 }
 
 /// The restart token in the Deployment `sl`'s Pod template now.
@@ -697,7 +782,7 @@ async fn sweep_run(
     let run_audit = audit_from_now();
     let ident = "celld-operator-e2e";
     let log_path = test_dir().join(ident).join("operator.log");
-    let offset = std::fs::metadata(&log_path).map(|m| m.len()).unwrap_or(0);
+    let offset = celld_harness::drill::log_offset(&log_path);
     let fault = fault.to_string();
     let mut operator = Operator::start_with(|o| {
         o.metrics_addr = None;
@@ -721,16 +806,8 @@ async fn sweep_run(
     // Settled or not, what it wrote is final once it stops.
     let _ = operator.terminate(Duration::from_secs(30)).await;
     drop(operator);
-    let log = log_since(&log_path, offset);
-    let faulted = log
-        .lines()
-        .find(|l| l.contains("celld-operator: api fault"))
-        .map(|l| l.trim().to_string());
-    let counted = log
-        .lines()
-        .filter(|l| l.contains("api request counted"))
-        .count()
-        + usize::from(faulted.is_some());
+    let celld_harness::drill::FaultLog { faulted, counted } =
+        celld_harness::drill::fault_log(&log_path, offset);
     let effects = op.effects(c, &ns, &run_audit);
     if op.change != Change::Delete {
         verify_journal(
@@ -748,37 +825,16 @@ async fn sweep_run(
     }
 }
 
-/// xorshift64: uniform enough for picking an instant.
-fn next_random(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
-}
-
-/// The drill seed: `CELLD_DRILL_SEED` when set (to re-run a failure), else the clock.
-fn drill_seed() -> u64 {
-    std::env::var("CELLD_DRILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        })
-}
-
 /// Runs the sweep over `ops` with faults of `kinds` injected into the requests matching
 /// `filter` (`VERB:RESOURCE`, the namespace is added), then `kills` random-instant kills per
 /// operation; prints the table and fails on any duplicate effect or stuck run.
-async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: usize) {
+async fn sweep(tag: &str, filter: Option<&str>, ops: &[SweepOp], kinds: &[&str], kills: usize) {
     let (client, ns, mut bed) = Bed::new(tag).await;
-    let filter = format!("{filter}:{}", ns.name);
+    let filter_of = |op: &SweepOp| format!("{}:{}", filter.unwrap_or(op.effect_filter()), ns.name);
     // Clean runs: how many matching requests each operation sends.
     let mut counts = Vec::new();
     for op in ops {
-        let out = sweep_run(&mut bed, *op, &format!("none@1:{filter}"), None).await;
+        let out = sweep_run(&mut bed, *op, &format!("none@1:{}", filter_of(op)), None).await;
         assert!(out.settled, "{} did not settle in its clean run", op.label);
         assert_eq!(out.effects, 1, "{}: one accepted effect write", op.label);
         counts.push((*op, out.counted, out.elapsed));
@@ -806,6 +862,7 @@ async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: 
                 if index > *count && !partner_faulted {
                     continue;
                 }
+                let filter = filter_of(op);
                 let fault = if index <= *count {
                     format!("{kind}@{index}:{filter}")
                 } else {
@@ -842,14 +899,14 @@ async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: 
     }
     // Kills at uniformly random instants inside each operation (seeded, re-runnable with
     // CELLD_DRILL_SEED), each followed by a clean restart.
-    let seed = drill_seed();
+    let seed = celld_harness::drill::seed();
     let mut rng = seed | 1;
     eprintln!("sweep {tag}: random kills, CELLD_DRILL_SEED={seed}");
     for round in 0..kills {
         for (op, _, clean) in &counts {
-            let window = clean.as_millis().max(1) as u64;
-            let delay = Duration::from_millis(next_random(&mut rng) % window);
-            let out = sweep_run(&mut bed, *op, &format!("none@1:{filter}"), Some(delay)).await;
+            let delay = celld_harness::drill::instant_within(&mut rng, *clean);
+            let clean = format!("none@1:{}", filter_of(op));
+            let out = sweep_run(&mut bed, *op, &clean, Some(delay)).await;
             let passed = table
                 .entry((op.label.to_string(), "kill (random)".to_string()))
                 .or_default()
@@ -867,7 +924,10 @@ async fn sweep(tag: &str, filter: &str, ops: &[SweepOp], kinds: &[&str], kills: 
             );
         }
     }
-    eprintln!("\nsweep {tag} ({filter}):");
+    let faulted = filter.map_or("each operation's effect writes".to_string(), |f| {
+        f.to_string()
+    });
+    eprintln!("\nsweep {tag} ({faulted} in {}):", ns.name);
     eprintln!(
         "{:<20} {:<16} {:>5} {:>7} {:>10} {:>6}",
         "operation", "fault", "runs", "passed", "duplicate", "stuck"
@@ -889,12 +949,13 @@ async fn finish(client: &kube::Client, ns: TestNamespace, what: &str, failures: 
     cleanup(client, ns).await;
 }
 
-/// The bounded sweep of `make test`: every fault kind on the workload writes of every
-/// operation kind of a Bucket fleet, and one kill at a random instant inside each.
+/// The bounded sweep of `make test`: every fault kind on the effect writes (the workload
+/// writes; a member replacement's Pod delete) of every operation kind of a Bucket fleet, and
+/// one kill at a random instant inside each.
 #[tokio::test]
 async fn api_faults_on_workload_writes_never_duplicate_an_effect() {
     let _guard = isolated().await;
-    sweep("sweep-wl", "write:deployments", &SWEEP_OPS, &ALL_KINDS, 1).await;
+    sweep("sweep-wl", None, &SWEEP_OPS, &ALL_KINDS, 1).await;
 }
 
 const ALL_KINDS: [&str; 6] = [
@@ -912,7 +973,7 @@ const ALL_KINDS: [&str; 6] = [
 #[ignore = "exhaustive: make drills"]
 async fn api_faults_on_every_write_never_duplicate_an_effect() {
     let _guard = isolated().await;
-    sweep("sweep-all", "write:*", &SWEEP_OPS, &ALL_KINDS, 10).await;
+    sweep("sweep-all", Some("write:*"), &SWEEP_OPS, &ALL_KINDS, 10).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1016,14 +1077,14 @@ async fn frozen_leader_drill(tag: &str, runs: usize) {
     // see two installations and block (ForeignOperator).
     let operator_ns = "celld-e2e".to_string();
     // Each operation's clean duration bounds the instants.
-    let ops = [CONTRACTION, GROWTH, RESTART];
+    let ops = [CONTRACTION, GROWTH, RESTART, REPLACE];
     let mut windows = Vec::new();
     for op in ops {
         let out = sweep_run(&mut bed, op, "none@1", None).await;
         assert!(out.settled, "{} did not settle in its clean run", op.label);
         windows.push((op, out.elapsed));
     }
-    let seed = drill_seed();
+    let seed = celld_harness::drill::seed();
     let mut rng = seed | 1;
     eprintln!(
         "frozen leaders {tag}: CELLD_DRILL_SEED={seed}, clean durations {:?}",
@@ -1035,7 +1096,7 @@ async fn frozen_leader_drill(tag: &str, runs: usize) {
     let (mut passed, mut failures) = (0, Vec::new());
     for i in 0..runs {
         let (op, window) = windows[i % windows.len()];
-        let delay = Duration::from_millis(next_random(&mut rng) % window.as_millis().max(1) as u64);
+        let delay = celld_harness::drill::instant_within(&mut rng, window);
         match frozen_leader_run(&mut bed, &operator_ns, tag, op, delay).await {
             Ok(line) => {
                 passed += 1;

@@ -912,3 +912,423 @@ async fn coordinated_restart_drills_at_every_failpoint_under_retain() {
 async fn coordinated_restart_drills_at_every_failpoint_under_retire() {
     coordinated_drills(true).await;
 }
+
+// ---------------------------------------------------------------------------------------
+// The API fault sweep of the strict operations (the Bucket kinds' sweep is in
+// tests/operator_faults.rs): a PersistentFleet `phi` of 3 simulator members that retires
+// disks, swept through a Retire contraction 3 → 2, the growth back, and a coordinated restart
+// (which retires every disk). One operator process per run with one fault injected into the
+// i-th request matching a filter: the StatefulSet writes (`replicas`, `stop`, `resume`) or the
+// claim deletes. After each run: the operation `Succeeded`, each effect marker was accepted
+// exactly once, each claim delete carried the claim's UID from before the run and no claim was
+// deleted twice, each member was asked for its proof once, the journal verifies against
+// annotation and mirror, and the ledger reads every acknowledged write.
+
+/// What one strict sweep run changes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum StrictChange {
+    /// `kubectl scale` 3 → 2: a Retire contraction.
+    Retire,
+    /// `kubectl scale` 2 → 3: growth on a new claim.
+    Regrow,
+    /// A new restart token with `allowCoordinatedDowntime`: a coordinated restart.
+    Coordinated,
+}
+
+impl StrictChange {
+    fn label(self) -> &'static str {
+        match self {
+            StrictChange::Retire => "Retire 3->2",
+            StrictChange::Regrow => "growth 2->3",
+            StrictChange::Coordinated => "coordinated Restart",
+        }
+    }
+
+    /// The other half of a pair that returns the fleet to where the first starts.
+    fn partner(self) -> Option<StrictChange> {
+        match self {
+            StrictChange::Retire => Some(StrictChange::Regrow),
+            StrictChange::Regrow => Some(StrictChange::Retire),
+            StrictChange::Coordinated => None,
+        }
+    }
+
+    fn members(self) -> i32 {
+        match self {
+            StrictChange::Retire => 2,
+            _ => 3,
+        }
+    }
+
+    /// The workload steps whose markers are each accepted once.
+    fn steps(self) -> &'static [&'static str] {
+        match self {
+            StrictChange::Retire | StrictChange::Regrow => &["replicas"],
+            StrictChange::Coordinated => &["stop", "resume"],
+        }
+    }
+
+    /// Claims deleted (each once, with the UID it had before the run).
+    fn claim_deletes(self) -> usize {
+        match self {
+            StrictChange::Retire => 1,
+            StrictChange::Regrow => 0,
+            StrictChange::Coordinated => 3,
+        }
+    }
+
+    /// Proofs asked, each once.
+    fn proofs(self) -> usize {
+        match self {
+            StrictChange::Retire => 1,
+            StrictChange::Regrow => 0,
+            StrictChange::Coordinated => 3,
+        }
+    }
+}
+
+/// The filters of the strict sweep (`VERB:RESOURCE`, the namespace is added).
+const STRICT_FILTERS: [&str; 2] = ["write:statefulsets", "delete:persistentvolumeclaims"];
+
+struct StrictBed<'a> {
+    bed: &'a TestBed,
+    client: Client,
+    api: Api<CelldFleet>,
+    ns: String,
+    ledger: Ledger,
+    runs: usize,
+}
+
+/// One strict sweep run: whether it passed, what went wrong otherwise, the matching requests
+/// counted, the faulted request and the run's duration.
+struct StrictOutcome {
+    problems: Vec<String>,
+    counted: usize,
+    faulted: Option<String>,
+    elapsed: Duration,
+}
+
+async fn strict_run(
+    sb: &mut StrictBed<'_>,
+    change: StrictChange,
+    fault: &str,
+    kill_after: Option<Duration>,
+) -> StrictOutcome {
+    sb.runs += 1;
+    let (bed, api, ns) = (sb.bed, sb.api.clone(), sb.ns.clone());
+    let mut opts = operator_options(bed, "strict-sweep", &ns, None);
+    let log_path = opts.work_dir.join(&opts.identity).join("operator.log");
+    let offset = celld_harness::drill::log_offset(&log_path);
+    opts.extra_args.push(format!("--test-api-fault={fault}"));
+    let before = newest_op(&api, "phi").await.map(|o| o.id());
+    let claims_before = claim_uids(&sb.client, &ns).await;
+    let audit = bed.audit();
+    let mut op = OperatorProcess::start(&opts);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = std::time::Instant::now();
+    match change {
+        StrictChange::Retire | StrictChange::Regrow => {
+            let to = change.members();
+            bed.cluster
+                .kubectl(&[
+                    "-n",
+                    &ns,
+                    "scale",
+                    "celldfleet/phi",
+                    &format!("--replicas={to}"),
+                ])
+                .unwrap();
+        }
+        StrictChange::Coordinated => {
+            let token = format!("sweep-{}", sb.runs);
+            api.patch(
+                "phi",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": token}}})),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    if let Some(delay) = kill_after {
+        tokio::time::sleep(delay).await;
+        op.signal("KILL");
+        let _ = op.exited(Duration::from_secs(10)).await;
+        drop(op);
+        let clean = operator_options(bed, "strict-sweep", &ns, None);
+        op = OperatorProcess::start(&clean);
+    }
+    let mut problems = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(150);
+    let done = loop {
+        let status = api.get("phi").await.ok().and_then(|f| f.status);
+        let newest = newest_op(&api, "phi").await;
+        let settled = status.is_some_and(|s| {
+            s.current_operation.is_none()
+                && s.ready_replicas == Some(change.members())
+                && s.applied_replicas == Some(change.members())
+        });
+        if let Some(o) = newest.filter(|o| Some(o.id()) != before && !o.is_open() && settled) {
+            break Some(o);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let elapsed = started.elapsed();
+    let _ = op.terminate(Duration::from_secs(30)).await;
+    drop(op);
+    match &done {
+        None => problems.push("not settled within 150 s".to_string()),
+        Some(o) => {
+            let outcome = o.closure().map(|c| c.outcome.as_str().to_string());
+            if outcome.as_deref() != Some("Succeeded") {
+                problems.push(format!("closed {outcome:?}"));
+            }
+            for step in change.steps() {
+                let marker = format!("{}/{step}", o.id());
+                let n = marker_writes(&audit, &ns, "statefulsets", &marker);
+                if n != 1 {
+                    problems.push(format!("{marker} accepted {n} times"));
+                }
+            }
+            let proofs = o
+                .entries()
+                .iter()
+                .filter(|e| {
+                    matches!(e.body(), EntryBody::Issued(i) if matches!(i.step, Step::Proof(_)))
+                })
+                .count();
+            if proofs != change.proofs() {
+                problems.push(format!("{proofs} proofs asked"));
+            }
+        }
+    }
+    let deletes = claim_deletes(&audit, &ns);
+    let names: std::collections::BTreeSet<_> = deletes.iter().map(|d| &d.0).collect();
+    if deletes.len() != change.claim_deletes() || names.len() != deletes.len() {
+        problems.push(format!("claim deletes {deletes:?}"));
+    }
+    for (name, uid, _) in &deletes {
+        if claims_before.get(name) != Some(uid) {
+            problems.push(format!("claim {name} deleted with UID {uid}, not its own"));
+        }
+    }
+    let celld_harness::drill::FaultLog { faulted, counted } =
+        celld_harness::drill::fault_log(&log_path, offset);
+    if done.is_some() {
+        verify_journal(
+            BIN.as_ref(),
+            bed.kubeconfig(),
+            &ns,
+            "phi",
+            Some(&opts.work_dir.join(&opts.identity).join("journal")),
+        );
+        let urls = urls_of_running(bed, &sb.client, &ns).await;
+        if let Err(e) = sb.ledger.phase(&urls).await {
+            problems.push(format!("ledger: {e}"));
+        }
+    }
+    StrictOutcome {
+        problems,
+        counted,
+        faulted,
+        elapsed,
+    }
+}
+
+/// Runs the strict sweep with faults of `kinds` and `kills` random-instant kills per
+/// operation; prints the table and fails on any run that did not pass.
+async fn strict_sweep(tag: &str, kinds: &[&str], kills: usize) {
+    let bed = TestBed::shared().await;
+    let _store = bed.store_shared().await;
+    let client = bed.client().await.unwrap();
+    let ns = fleet_namespace(bed, &client, tag).await;
+    let bucket = bed.unique_bucket("strictsw").unwrap();
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    {
+        let op = OperatorProcess::start(&operator_options(bed, "strict-sweep", &ns.name, None));
+        let mut f = retire_fleet("phi", 3, &bucket);
+        f.spec
+            .maintenance
+            .get_or_insert_with(Default::default)
+            .allow_coordinated_downtime = true;
+        api.create(&PostParams::default(), &f).await.unwrap();
+        wait_settled(&api, "phi", 3, &op.log).await;
+    }
+    let mut sb = StrictBed {
+        bed,
+        client: client.clone(),
+        api: api.clone(),
+        ns: ns.name.clone(),
+        ledger: Ledger::new(&format!("strictsw-{}", ns.name)),
+        runs: 0,
+    };
+    let changes = [
+        StrictChange::Retire,
+        StrictChange::Regrow,
+        StrictChange::Coordinated,
+    ];
+    // Clean runs: the matching requests of each (operation, filter).
+    let mut counts = Vec::new();
+    for filter in STRICT_FILTERS {
+        for change in changes {
+            let filter = format!("{filter}:{}", ns.name);
+            let out = strict_run(&mut sb, change, &format!("none@1:{filter}"), None).await;
+            assert!(
+                out.problems.is_empty(),
+                "{} clean run ({filter}): {:?}",
+                change.label(),
+                out.problems
+            );
+            counts.push((change, filter, out.counted, out.elapsed));
+        }
+    }
+    eprintln!(
+        "strict sweep {tag}: matching requests per clean run: {}",
+        counts
+            .iter()
+            .map(|(c, f, n, t)| format!("{} {f} = {n} ({t:?})", c.label()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut table: BTreeMap<(String, String), [usize; 4]> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut record = |label: &str, kind: &str, out: &StrictOutcome, what: String| {
+        let row = table
+            .entry((label.to_string(), kind.to_string()))
+            .or_default();
+        let stuck = out.problems.iter().any(|p| p.starts_with("not settled"));
+        let duplicate = out
+            .problems
+            .iter()
+            .any(|p| p.contains("accepted") || p.starts_with("claim"));
+        row[0] += 1;
+        row[1] += usize::from(out.problems.is_empty());
+        row[2] += usize::from(duplicate);
+        row[3] += usize::from(stuck);
+        let verdict = if out.problems.is_empty() {
+            "ok".to_string()
+        } else {
+            failures.push(format!("{what}: {:?}", out.problems));
+            format!("FAILED {:?}", out.problems)
+        };
+        eprintln!(
+            "strict sweep: {what}: {verdict} ({})",
+            out.faulted.as_deref().unwrap_or("no request faulted")
+        );
+    };
+    let max = counts.iter().map(|c| c.2).max().unwrap_or(0);
+    for index in 1..=max {
+        for kind in kinds {
+            for (change, filter, count, _) in &counts {
+                let partner_faulted = counts
+                    .iter()
+                    .any(|(p, f, n, _)| change.partner() == Some(*p) && f == filter && index <= *n);
+                if index > *count && !partner_faulted {
+                    continue;
+                }
+                if index > *count {
+                    let out = strict_run(&mut sb, *change, &format!("none@1:{filter}"), None).await;
+                    assert!(
+                        out.problems.is_empty(),
+                        "{}: a clean run: {:?}",
+                        change.label(),
+                        out.problems
+                    );
+                    continue;
+                }
+                let fault = format!("{kind}@{index}:{filter}");
+                let out = strict_run(&mut sb, *change, &fault, None).await;
+                let passed = out.problems.is_empty();
+                record(
+                    change.label(),
+                    kind,
+                    &out,
+                    format!("{} {fault}", change.label()),
+                );
+                if !passed {
+                    // Back to where the next run starts, without faults.
+                    let back =
+                        strict_run(&mut sb, *change, &format!("none@1:{filter}"), None).await;
+                    assert!(
+                        back.problems.is_empty(),
+                        "{} did not recover without faults: {:?}",
+                        change.label(),
+                        back.problems
+                    );
+                }
+            }
+        }
+    }
+    let seed = celld_harness::drill::seed();
+    let mut rng = seed | 1;
+    eprintln!("strict sweep {tag}: random kills, CELLD_DRILL_SEED={seed}");
+    for round in 0..kills {
+        for change in changes {
+            let clean = counts
+                .iter()
+                .find(|c| c.0 == change)
+                .map(|c| c.3)
+                .unwrap_or_default();
+            let delay = celld_harness::drill::instant_within(&mut rng, clean);
+            let filter = format!("{}:{}", STRICT_FILTERS[0], ns.name);
+            let out = strict_run(&mut sb, change, &format!("none@1:{filter}"), Some(delay)).await;
+            record(
+                change.label(),
+                "kill (random)",
+                &out,
+                format!(
+                    "{} kill #{round} at {delay:?} (seed {seed})",
+                    change.label()
+                ),
+            );
+        }
+    }
+    eprintln!(
+        "\nstrict sweep {tag} (StatefulSet writes and claim deletes in {}):",
+        ns.name
+    );
+    eprintln!(
+        "{:<20} {:<16} {:>5} {:>7} {:>10} {:>6}",
+        "operation", "fault", "runs", "passed", "duplicate", "stuck"
+    );
+    for ((op, kind), [runs, passed, duplicates, stuck]) in &table {
+        eprintln!("{op:<20} {kind:<16} {runs:>5} {passed:>7} {duplicates:>10} {stuck:>6}");
+    }
+    assert!(
+        failures.is_empty(),
+        "strict sweep failures:\n{}",
+        failures.join("\n")
+    );
+    let _op = OperatorProcess::start(&operator_options(bed, "strict-sweep", &ns.name, None));
+    ns.delete_and_wait().await.unwrap();
+}
+
+/// `make test`: the fault kinds that reach the API server's answer path (a committed write
+/// whose answer is lost, a refusal, a dropped connection) on every StatefulSet write and claim
+/// delete of the strict operations, and one kill at a random instant inside each.
+#[tokio::test]
+async fn api_faults_on_strict_effect_writes_never_duplicate_an_effect() {
+    strict_sweep("strict-sweep", &["lost-response", "conflict", "reset"], 1).await;
+}
+
+/// `make drills`: every fault kind, three random kills per operation.
+#[tokio::test]
+#[ignore = "exhaustive: make drills"]
+async fn api_faults_of_every_kind_on_strict_effect_writes_never_duplicate_an_effect() {
+    strict_sweep(
+        "strict-sweep-all",
+        &[
+            "timeout-before",
+            "lost-response",
+            "conflict",
+            "throttle",
+            "unavailable",
+            "reset",
+        ],
+        3,
+    )
+    .await;
+}

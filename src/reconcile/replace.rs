@@ -17,7 +17,9 @@
 //! | 7 | `Completed` | — | — | `Succeeded` or `ClaimKept` (an `Administrative` request's annotation removed in the same write) |
 //!
 //! Bucket fleets (administrative only) and `ClaimDeleted` (the claim is already going) run
-//! only `pod`, then `Observed` once the workload is back to its ready count.
+//! only `pod`, then `Observed` once the workload is back to its ready count. Without a hold,
+//! the member found terminating or gone at its recorded UID means the `pod` step is done
+//! (`Issued{replayed}`): the delete's answer may have been lost or the process died after it.
 
 use journal::{
     CancelReason, Canceled, ClaimRetired, Completed, CompletedOutcome, Effect, EntryBody, Intent,
@@ -685,12 +687,18 @@ async fn delete_pod(
         .filter(|p| p.metadata.uid == t.pod_uid);
     let Some(pod) = pod else {
         if is_simple {
-            return refuse(
-                run,
-                o.id(),
-                format!("member {} is gone or has a new UID", t.pod),
-            )
-            .await;
+            // The member at its recorded UID is gone: the delete this step sends is the
+            // only one a simple replacement has, and its answer may have been lost (or the
+            // process died after sending it). Whoever deleted it, the member is being
+            // replaced, which is what the operation was for: the step is recorded as found
+            // done, as for a terminating Pod below. (Recording `Canceled` before issue here
+            // was wrong: found by the API fault sweep, a lost response to the delete.)
+            run.append(o.id(), issued(o, Step::Pod, true, None, None))
+                .await?;
+            return Ok(progress(
+                &current(run, o.id()),
+                &format!("member {} is gone; its delete recorded as replayed", t.pod),
+            ));
         }
         // Held Pods cannot go without the hold being removed: someone else removed it.
         return complete(run, o, CompletedOutcome::MemberChanged).await;

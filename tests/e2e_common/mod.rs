@@ -444,6 +444,20 @@ pub fn assert_teardown_order(log: &AuditLog, ns: &str, claims: usize) {
 }
 
 /// Sets `spec.maintenance.paused` of fleet `name`.
+/// Asks for an administrative replacement of member `pod` at `uid`
+/// (`celld.eric.dev/replace-member`, as `celld-operator replace` sets it).
+pub async fn request_replacement(api: &Api<CelldFleet>, name: &str, pod: &str, uid: &str) {
+    let request = format!("{pod}/{uid}");
+    api.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+            celld_operator::api::keys::REPLACE_MEMBER_ANNOTATION: request}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("asking {name} to replace {pod}: {e}"));
+}
+
 pub async fn set_paused(api: &Api<CelldFleet>, name: &str, paused: bool) {
     api.patch(
         name,

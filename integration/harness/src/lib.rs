@@ -9,6 +9,7 @@
 //! them (tens of minutes, once per machine) or the test fails with the build error.
 
 pub mod audit;
+pub mod drill;
 pub mod operator;
 
 use std::collections::HashMap;

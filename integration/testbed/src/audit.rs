@@ -108,6 +108,14 @@ impl AuditEvent {
         self.code.is_some_and(|c| (200..300).contains(&c))
     }
 
+    /// Answered 504 "context canceled": the client went away (killed, or its request
+    /// timed out) before the answer. Such a write **may have committed**: the API server logs
+    /// 504 for a write whose client is gone even when storage accepted it (seen in the fault
+    /// sweep: a kill mid-request, the write landed, the next operator found its marker).
+    pub fn unanswered(&self) -> bool {
+        self.code == Some(504)
+    }
+
     /// `(resource[/subresource], namespace, name)`.
     pub fn object_key(&self) -> ObjectKey {
         ObjectKey {
