@@ -16,7 +16,7 @@ CLUSTER_DIR ?= $(CURDIR)/.work/cluster
 export CELLD_CLUSTER_DIR := $(CLUSTER_DIR)
 KUBECTL = $(shell integration/cluster/build.sh 2>/dev/null | tail -n1)/kubectl --kubeconfig $(CLUSTER_DIR)/admin.kubeconfig
 
-.PHONY: all deps build control-plane crds crds-check fmt-check clippy unit check test test-fast \
+.PHONY: all deps build control-plane crds crds-check docs docs-check fmt-check clippy unit check test test-fast \
         chart-check store-tools test-bed test-cluster cluster-up cluster-down demo demo-down bench bench-journal bench-strict \
         bench-operator fuzz clean-cluster drills help
 
@@ -58,6 +58,15 @@ crds:
 	cp crds/celld.eric.dev.yaml helm/celld-operator/crds/celld.eric.dev.yaml
 	@echo "==> crds/ and helm/celld-operator/crds/ regenerated"
 
+docs:
+	$(CARGO) run -q --bin celld-operator -- conditions > docs/conditions.md
+	@echo "==> docs/conditions.md regenerated"
+
+docs-check:
+	@echo "==> checking docs/conditions.md for drift"
+	@$(CARGO) run -q --bin celld-operator -- conditions | diff -u docs/conditions.md - \
+	  || { echo "docs/conditions.md is stale: run 'make docs' and commit the result"; exit 1; }
+
 crds-check:
 	@echo "==> checking crds/ for drift"
 	@$(CARGO) run -q --bin celld-operator -- crds | diff -u crds/celld.eric.dev.yaml - \
@@ -81,7 +90,7 @@ unit:
 chart-check: control-plane
 	helm/tests/chart-check.sh
 
-check: deps fmt-check clippy unit crds-check chart-check
+check: deps fmt-check clippy unit crds-check docs-check chart-check
 
 ## store-tools: the test object store (s3s-fs 0.14.1, cargo-installed into the cache).
 store-tools:

@@ -1,4 +1,5 @@
-//! Command line (docs/design.md "Command line"): `run`, `crds`, `version`, `journal …`.
+//! Command line (docs/design.md "Command line"): `run`, `crds`, `version`, `status`,
+//! `journal …`, `replace`.
 //!
 //! The binary installed as `kubectl-celld` serves the same commands (`kubectl celld …`).
 
@@ -30,9 +31,30 @@ pub enum Command {
     Crds,
     /// Print the version, commit and served API version.
     Version,
+    /// Print the reference of every condition type and reason the operator sets, as
+    /// Markdown (docs/conditions.md is this output).
+    Conditions,
     /// Read, verify and export operation journals; send commands.
     #[command(subcommand)]
     Journal(JournalCommand),
+    /// One screen about one fleet: replicas, every member (node, IP, readiness, restarts,
+    /// last exit code, claim, runtime generation), the open and recent operations, the
+    /// conditions that need attention and the journal's size.
+    Status {
+        /// The fleet, as `NAMESPACE/NAME`.
+        #[arg(value_name = "NS/FLEET", value_parser = parse_target)]
+        target: (String, String),
+        /// `text` for people, `json` for scripts (every condition, full timestamps).
+        #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+        output: StatusFormat,
+        /// The installation's `--journal-annotation-bytes`, to show the journal against it.
+        #[arg(long, default_value_t = 65536)]
+        journal_budget: u32,
+        /// Do not ask the members' `/state` for their runtime generation (it dials each
+        /// member's Pod IP, which works from inside the cluster network only).
+        #[arg(long)]
+        no_state: bool,
+    },
     /// Ask for one member to be replaced on a fresh disk: sets
     /// `celld.eric.dev/replace-member` to the member's current Pod UID.
     Replace {
@@ -298,13 +320,38 @@ impl RunArgs {
     }
 }
 
+/// Output format of `status`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusFormat {
+    /// One screen for people.
+    Text,
+    /// One JSON object.
+    Json,
+}
+
 /// Output format of `journal show`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShowFormat {
-    /// Aligned text.
+    /// Aligned text, times to the second.
     Table,
-    /// JSON Lines.
+    /// JSON Lines, one operation a line, full-precision times.
     Jsonl,
+    /// One JSON array of operations, full-precision times.
+    Json,
+    /// YAML, the same fields as `json`.
+    Yaml,
+}
+
+/// `--since`: an RFC 3339 instant, or a duration back from now (`90s`, `15m`, `2h`).
+pub fn parse_since(s: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&chrono::Utc));
+    }
+    let back = parse_duration(s).map_err(|e| {
+        format!("{e}; --since takes an RFC 3339 time (2026-12-03T15:04:05Z) or a duration (15m)")
+    })?;
+    let back = chrono::Duration::from_std(back).map_err(|e| e.to_string())?;
+    Ok(chrono::Utc::now() - back)
 }
 
 /// Which copy of a journal to read.
@@ -371,8 +418,15 @@ pub enum JournalCommand {
         #[command(flatten)]
         source: JournalSource,
         /// Output format.
-        #[arg(long, value_enum, default_value = "table")]
+        #[arg(short = 'o', long, value_enum, default_value = "table")]
         format: ShowFormat,
+        /// Only this operation (a full id, or a prefix of one).
+        #[arg(long, value_name = "ID")]
+        operation: Option<String>,
+        /// Only operations with an entry at or after this time (RFC 3339, or a duration
+        /// back from now: `15m`, `2h`).
+        #[arg(long, value_name = "TIME", value_parser = parse_since)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
     },
     /// Recompute the hash chain and check the transitions; exit 1 on a broken journal.
     Verify {

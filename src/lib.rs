@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod render;
 pub mod repair;
+pub mod status_view;
 pub mod transport;
 pub mod validate;
 pub mod watches;

@@ -9,7 +9,7 @@ use kube::ResourceExt;
 
 use celld_operator::api::{self, CelldFleet};
 use celld_operator::cli::{
-    parse_target, Cli, Command, JournalCommand, JournalSource, ShowFormat, Source,
+    parse_target, Cli, Command, JournalCommand, JournalSource, ShowFormat, Source, StatusFormat,
 };
 use celld_operator::{journal_store, repair};
 
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Crds => print!("{}", api::crds_yaml()?),
+        Command::Conditions => print!("{}", celld_operator::reconcile::reasons::markdown()),
         Command::Version => println!(
             "celld-operator {} (API {}/{})",
             env!("CARGO_PKG_VERSION"),
@@ -44,6 +45,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()?;
             runtime.block_on(celld_operator::controller::run(*args))?;
         }
+        Command::Status {
+            target,
+            output,
+            journal_budget,
+            no_state,
+        } => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(status(target, output, journal_budget, no_state))?;
+        }
         Command::Replace { target, member } => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -58,6 +70,58 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `status NS/FLEET`: reads the fleet, its Pods (by the fleet's UID label) and the
+/// namespace's claims, asks each member with an IP for `/state`, prints the view.
+async fn status(
+    (ns, name): (String, String),
+    output: StatusFormat,
+    budget: u32,
+    no_state: bool,
+) -> anyhow::Result<()> {
+    use celld_operator::status_view::{state_name, States, View};
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    let client = kube::Client::try_default().await?;
+    let fleet = Api::<CelldFleet>::namespaced(client.clone(), &ns)
+        .get_opt(&name)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{ns}/{name}: no such CelldFleet"))?;
+    let selector = format!(
+        "{}={}",
+        api::keys::FLEET_UID_LABEL,
+        fleet.uid().unwrap_or_default()
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await?
+        .items;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client, &ns)
+        .list(&Default::default())
+        .await?
+        .items;
+    let mut states = States::new();
+    if !no_state {
+        let asks = pods.iter().filter_map(|p| {
+            let ip: std::net::IpAddr = p.status.as_ref()?.pod_ip.as_ref()?.parse().ok()?;
+            let member = state_name(&fleet, p);
+            let pod = p.name_any();
+            Some(async move {
+                let answer = celld_operator::member::state(ip, &member)
+                    .await
+                    .map(|s| s.shutdown.runtime_generation)
+                    .map_err(|e| e.0);
+                (pod, answer)
+            })
+        });
+        states.extend(futures::future::join_all(asks).await);
+    }
+    let view = View::build(&fleet, &pods, &claims, &states, i64::from(budget));
+    match output {
+        StatusFormat::Text => print!("{}", view.render()),
+        StatusFormat::Json => println!("{}", serde_json::to_string_pretty(&view)?),
+    }
+    Ok(())
 }
 
 /// `replace NS/FLEET MEMBER`: the member's current UID into `celld.eric.dev/replace-member`.
@@ -126,20 +190,52 @@ async fn journal(cmd: JournalCommand) -> anyhow::Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cmd {
-        JournalCommand::Show { source, format } => {
-            let format = match format {
-                ShowFormat::Table => journal::audit::Format::Table,
-                ShowFormat::Jsonl => journal::audit::Format::JsonLines,
+        JournalCommand::Show {
+            source,
+            format,
+            operation,
+            since,
+        } => {
+            let options = journal::audit::ShowOptions {
+                format: match format {
+                    ShowFormat::Table => journal::audit::Format::Table,
+                    _ => journal::audit::Format::JsonLines,
+                },
+                operation,
+                since,
+            };
+            // JSON and YAML are the JSON Lines collected into one document.
+            let mut lines = Vec::new();
+            let sink: &mut dyn Write = match format {
+                ShowFormat::Table | ShowFormat::Jsonl => &mut out,
+                ShowFormat::Json | ShowFormat::Yaml => &mut lines,
             };
             match source.resolved() {
                 (Source::Mirror, dir) => {
                     let mirror = journal::Mirror::open_existing(dir)?;
-                    journal::audit::show(&mirror, source.fleet.as_deref(), format, &mut out)?;
+                    journal::audit::show_with(&mirror, source.fleet.as_deref(), &options, sink)?;
                 }
                 (Source::Cluster | Source::Both, _) => {
                     let cj = read_cluster(&source).await?;
-                    journal::audit::show_entries(&cj.uid, cj.document.entries(), format, &mut out)?;
+                    journal::audit::show_entries_with(
+                        &cj.uid,
+                        cj.document.entries(),
+                        &options,
+                        sink,
+                    )?;
                 }
+            }
+            if matches!(format, ShowFormat::Json | ShowFormat::Yaml) {
+                let operations = String::from_utf8_lossy(&lines)
+                    .lines()
+                    .map(serde_json::from_str)
+                    .collect::<Result<Vec<serde_json::Value>, _>>()?;
+                let text = if format == ShowFormat::Json {
+                    serde_json::to_string_pretty(&operations)? + "\n"
+                } else {
+                    serde_yaml::to_string(&operations)?
+                };
+                out.write_all(text.as_bytes())?;
             }
         }
         JournalCommand::Export { source, .. } => match source.resolved() {

@@ -39,6 +39,7 @@ async fn persistent_fleet_keeps_every_acknowledged_id_through_growth_contraction
         .phase(&member_urls(bed, &client, &ns.name, 3).await)
         .await
         .expect("ledger after provision");
+    status_matches_the_api_objects(bed, &client, &api, &ns.name, "beta").await;
 
     let kubectl_scale = |n: i32| {
         bed.cluster.kubectl(&[
@@ -516,4 +517,110 @@ async fn the_member_client_reads_state_and_recognises_a_strict_removal_proof() {
     }
     ns.delete_and_wait().await.unwrap();
     drop(op);
+}
+
+/// `kubectl celld status NS/FLEET -o json` (the binary, as a user runs it) against the API
+/// objects: replicas as the status says, every member Pod with its node, IP and readiness, the
+/// claim it mounts with that claim's UID, and a runtime generation from each member's
+/// `/state`; the text screen names every member.
+async fn status_matches_the_api_objects(
+    bed: &TestBed,
+    client: &kube::Client,
+    api: &Api<CelldFleet>,
+    ns: &str,
+    name: &str,
+) {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use kube::ResourceExt;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_celld-operator"))
+            .env("KUBECONFIG", bed.kubeconfig())
+            .args(args)
+            .output()
+            .expect("celld-operator status runs");
+        assert!(
+            out.status.success(),
+            "status {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let target = format!("{ns}/{name}");
+    let view: serde_json::Value =
+        serde_json::from_str(&run(&["status", &target, "-o", "json"])).expect("JSON");
+    let fleet = api.get(name).await.unwrap();
+    let status = fleet.status.clone().unwrap();
+    assert_eq!(view["replicas"]["desired"], fleet.spec.replicas);
+    assert_eq!(view["replicas"]["applied"], json!(status.applied_replicas));
+    assert_eq!(view["replicas"]["ready"], json!(status.ready_replicas));
+    assert_eq!(view["profile"], "PersistentFleet");
+    assert_eq!(
+        view["journal"]["seq"],
+        json!(status.journal.as_ref().unwrap().seq)
+    );
+    let uid = fleet.uid().unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().labels(&format!("celld.eric.dev/fleet-uid={uid}")))
+        .await
+        .unwrap()
+        .items;
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let members = view["members"].as_array().expect("members");
+    assert_eq!(members.len(), pods.len(), "{view:#}");
+    for p in &pods {
+        let m = members
+            .iter()
+            .find(|m| m["pod"] == p.name_any())
+            .unwrap_or_else(|| panic!("{} in {view:#}", p.name_any()));
+        let spec = p.spec.as_ref().unwrap();
+        let st = p.status.as_ref().unwrap();
+        assert_eq!(m["uid"], json!(p.uid()));
+        assert_eq!(m["node"], json!(spec.node_name));
+        assert_eq!(m["ip"], json!(st.pod_ip));
+        assert_eq!(m["ready"], true, "{m}");
+        let claim = format!("data-{}", p.name_any());
+        assert_eq!(m["claim"], claim.as_str());
+        let claim_uid = claims
+            .iter()
+            .find(|c| c.name_any() == claim)
+            .and_then(|c| c.uid());
+        assert_eq!(m["claimUid"], json!(claim_uid));
+        assert!(
+            m["runtimeGeneration"]
+                .as_str()
+                .is_some_and(|g| !g.is_empty()),
+            "the member answered /state: {m}"
+        );
+    }
+    assert!(view["currentOperation"].is_null(), "{view:#}");
+    assert!(
+        view["recentOperations"][0]["outcome"] == "Succeeded",
+        "{view:#}"
+    );
+    let text = run(&["status", &target]);
+    for p in &pods {
+        assert!(text.contains(&p.name_any()), "{text}");
+    }
+    assert!(
+        text.contains("Conditions: nothing needs attention"),
+        "{text}"
+    );
+    // The history the same user reads next, filtered to the last operation.
+    let last = status.recent_operations[0].id.clone();
+    let shown = run(&[
+        "journal",
+        "show",
+        &target,
+        "--operation",
+        &last,
+        "-o",
+        "json",
+    ]);
+    let shown: serde_json::Value = serde_json::from_str(&shown).expect("journal show -o json");
+    assert_eq!(shown.as_array().map(Vec::len), Some(1), "{shown:#}");
+    assert_eq!(shown[0]["id"], last.as_str());
 }

@@ -153,6 +153,8 @@ struct OperationView {
     state: String,
     started: Option<String>,
     finished: Option<String>,
+    started_at: Option<chrono::DateTime<chrono::Utc>>,
+    finished_at: Option<chrono::DateTime<chrono::Utc>>,
     entries: Vec<(Entry, Option<TransitionError>)>,
 }
 
@@ -171,6 +173,8 @@ fn operation_views(entries: &[Entry]) -> Vec<OperationView> {
                     state: String::new(),
                     started: None,
                     finished: None,
+                    started_at: None,
+                    finished_at: None,
                     entries: Vec::new(),
                 });
                 views.last_mut().expect("just pushed")
@@ -184,6 +188,7 @@ fn operation_views(entries: &[Entry]) -> Vec<OperationView> {
                 v.kind = o.kind().to_string();
                 v.from_to = Some((o.intent().from, o.intent().to));
                 v.started = Some(format_time(&o.started_at()));
+                v.started_at = Some(o.started_at());
                 v.state = match o.state() {
                     OperationState::Open(p) => format!("Open/{p}"),
                     OperationState::Closed(outcome) => match outcome {
@@ -193,6 +198,7 @@ fn operation_views(entries: &[Entry]) -> Vec<OperationView> {
                     },
                 };
                 v.finished = o.closure().map(|c| format_time(&c.at));
+                v.finished_at = o.closure().map(|c| c.at);
             }
             None if v
                 .entries
@@ -211,6 +217,73 @@ fn operation_views(entries: &[Entry]) -> Vec<OperationView> {
     views
 }
 
+/// What `show` prints and which operations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShowOptions {
+    /// Table or JSON Lines.
+    pub format: Format,
+    /// Only operations whose id starts with this (a full id or a prefix of one).
+    pub operation: Option<String>,
+    /// Only operations with an entry at or after this instant.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl ShowOptions {
+    /// Every operation in `format`.
+    pub fn all(format: Format) -> ShowOptions {
+        ShowOptions {
+            format,
+            operation: None,
+            since: None,
+        }
+    }
+
+    fn keeps(&self, v: &OperationView) -> bool {
+        self.operation
+            .as_ref()
+            .is_none_or(|p| v.id.to_string().starts_with(p.as_str()))
+            && self
+                .since
+                .is_none_or(|t| v.entries.iter().any(|(e, _)| e.at() >= t))
+    }
+}
+
+/// A time to the second, for the table (`2026-12-03T15:04:05Z`); JSON keeps full precision.
+fn format_second(t: &chrono::DateTime<chrono::Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Left-aligned columns two spaces apart, each as wide as its widest cell; the last column
+/// is not padded.
+fn aligned(rows: &[Vec<String>]) -> Vec<String> {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|r| {
+            let cells: Vec<String> = r
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i + 1 == r.len() {
+                        c.clone()
+                    } else {
+                        format!("{c:<w$}", w = widths[i])
+                    }
+                })
+                .collect();
+            cells.join("  ").trim_end().to_owned()
+        })
+        .collect()
+}
+
 /// Prints the operations of one fleet's entries.
 pub fn show_entries(
     fleet_uid: &str,
@@ -218,8 +291,21 @@ pub fn show_entries(
     format: Format,
     out: &mut dyn Write,
 ) -> io::Result<()> {
-    let views = operation_views(entries);
-    match format {
+    show_entries_with(fleet_uid, entries, &ShowOptions::all(format), out)
+}
+
+/// Prints the operations of one fleet's entries that `options` keeps.
+pub fn show_entries_with(
+    fleet_uid: &str,
+    entries: &[Entry],
+    options: &ShowOptions,
+    out: &mut dyn Write,
+) -> io::Result<()> {
+    let views: Vec<OperationView> = operation_views(entries)
+        .into_iter()
+        .filter(|v| options.keeps(v))
+        .collect();
+    match options.format {
         Format::Table => {
             let range = match (entries.first(), entries.last()) {
                 (Some(a), Some(b)) => format!("entries {}..{}", a.seq(), b.seq()),
@@ -227,38 +313,59 @@ pub fn show_entries(
             };
             writeln!(
                 out,
-                "FLEET {fleet_uid} ({range}, {} operations)",
-                views.len()
+                "FLEET {fleet_uid} ({range}, {} operations{})",
+                views.len(),
+                if options.operation.is_some() || options.since.is_some() {
+                    " shown"
+                } else {
+                    ""
+                }
             )?;
-            let header = format!(
-                "{:<36}  {:<17}  {:<9}  {:<26}  {:<20}  {}",
-                "OPERATION", "KIND", "FROM->TO", "STATE", "STARTED", "FINISHED"
-            );
-            writeln!(out, "{header}")?;
-            for v in &views {
-                let from_to = v
-                    .from_to
-                    .map_or("-".to_owned(), |(f, t)| format!("{f}->{t}"));
-                writeln!(
-                    out,
-                    "{:<36}  {:<17}  {:<9}  {:<26}  {:<20}  {}",
+            let mut rows = vec![[
+                "OPERATION",
+                "KIND",
+                "FROM->TO",
+                "STATE",
+                "STARTED",
+                "FINISHED",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()];
+            rows.extend(views.iter().map(|v| {
+                vec![
                     v.id.to_string(),
-                    v.kind,
-                    from_to,
-                    v.state,
-                    v.started.as_deref().unwrap_or("-"),
-                    v.finished.as_deref().unwrap_or("-")
-                )?;
-                for (e, error) in &v.entries {
-                    let mark = if error.is_some() { "!" } else { " " };
-                    writeln!(
-                        out,
-                        "  {mark}{:>6}  {:<20}  {:<13}  {}",
-                        e.seq(),
-                        format_time(&e.at()),
-                        e.entry_type().as_str(),
-                        entry_detail(e)
-                    )?;
+                    v.kind.clone(),
+                    v.from_to
+                        .map_or("-".to_owned(), |(f, t)| format!("{f}->{t}")),
+                    v.state.clone(),
+                    v.started_at.map_or("-".to_owned(), |t| format_second(&t)),
+                    v.finished_at.map_or("-".to_owned(), |t| format_second(&t)),
+                ]
+            }));
+            let lines = aligned(&rows);
+            writeln!(out, "{}", lines[0])?;
+            // Every operation's transitions share one set of column widths.
+            let transition_rows: Vec<Vec<String>> = views
+                .iter()
+                .flat_map(|v| v.entries.iter())
+                .map(|(e, error)| {
+                    vec![
+                        format!("{}{:>6}", if error.is_some() { "!" } else { " " }, e.seq()),
+                        format_second(&e.at()),
+                        e.entry_type().as_str().to_owned(),
+                        entry_detail(e),
+                    ]
+                })
+                .collect();
+            let transition_lines = aligned(&transition_rows);
+            let mut next = transition_lines.iter();
+            for (v, line) in views.iter().zip(lines.iter().skip(1)) {
+                writeln!(out, "{line}")?;
+                for (_, error) in &v.entries {
+                    if let Some(l) = next.next() {
+                        writeln!(out, "  {l}")?;
+                    }
                     if let Some(err) = error {
                         writeln!(out, "           ! {err}")?;
                     }
@@ -308,8 +415,18 @@ pub fn show(
     format: Format,
     out: &mut dyn Write,
 ) -> Result<(), AuditError> {
+    show_with(mirror, fleet, &ShowOptions::all(format), out)
+}
+
+/// `journal show --mirror DIR [--fleet UID]` with filters.
+pub fn show_with(
+    mirror: &Mirror,
+    fleet: Option<&str>,
+    options: &ShowOptions,
+    out: &mut dyn Write,
+) -> Result<(), AuditError> {
     for f in select_fleets(mirror, fleet)? {
-        show_entries(&f, &mirror.entries(&f)?, format, out)?;
+        show_entries_with(&f, &mirror.entries(&f)?, options, out)?;
     }
     Ok(())
 }

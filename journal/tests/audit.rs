@@ -43,6 +43,68 @@ fn show_prints_operations_and_their_transitions_as_a_table() {
 }
 
 #[test]
+fn the_table_shows_seconds_aligned_columns_and_filters() {
+    let w = sample();
+    let (_dir, m) = mirror_with(&w);
+    let mut out = Vec::new();
+    audit::show(&m, None, Format::Table, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // Times to the second: no fractional seconds anywhere in the table.
+    let frac = regex_free_fraction(&text);
+    assert!(!frac, "{text}");
+    // The header's columns line up with the operations' rows.
+    let header = lines.iter().find(|l| l.starts_with("OPERATION")).unwrap();
+    let kind_at = header.find("KIND").unwrap();
+    for (id, kind) in [(op(1), "Scale"), (op(2), "Restart")] {
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with(&id.to_string()))
+            .unwrap();
+        assert_eq!(row.find(kind), Some(kind_at), "{text}");
+    }
+    // Transition rows share column widths: every entry type starts in one column.
+    let types: Vec<usize> = lines
+        .iter()
+        .filter(|l| l.starts_with("  ") && l.contains("T") && l.contains('Z'))
+        .filter_map(|l| l.find('Z').map(|z| z + 3))
+        .collect();
+    assert!(types.windows(2).all(|w| w[0] == w[1]), "{text}");
+
+    let only = |operation: Option<String>, since| {
+        let mut out = Vec::new();
+        let options = audit::ShowOptions {
+            format: Format::JsonLines,
+            operation,
+            since,
+        };
+        audit::show_with(&m, None, &options, &mut out).unwrap();
+        String::from_utf8(out).unwrap().lines().count()
+    };
+    assert_eq!(only(None, None), 2);
+    assert_eq!(only(Some(op(1).to_string()), None), 1);
+    let prefix = op(2).to_string()[..8].to_string();
+    assert_eq!(only(Some(prefix), None), 2, "a prefix both ids share");
+    assert_eq!(only(Some("zzz".into()), None), 0);
+    let future = chrono::Utc::now() + chrono::Duration::days(3650);
+    assert_eq!(only(None, Some(future)), 0);
+    let past = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+    assert_eq!(only(None, Some(past)), 2);
+}
+
+/// Whether `text` has a time with fractional seconds (`:SS.` followed by a digit).
+fn regex_free_fraction(text: &str) -> bool {
+    let b = text.as_bytes();
+    (3..b.len().saturating_sub(1)).any(|i| {
+        b[i] == b'.'
+            && b[i - 1].is_ascii_digit()
+            && b[i - 2].is_ascii_digit()
+            && b[i - 3] == b':'
+            && b[i + 1].is_ascii_digit()
+    })
+}
+
+#[test]
 fn show_prints_one_json_object_per_operation() {
     let w = sample();
     let (_dir, m) = mirror_with(&w);

@@ -2,6 +2,7 @@
 //! (UID + RV from a fresh read), then the owned prerequisites, then the finalizer. The
 //! reservation is never touched.
 
+use super::reasons;
 use journal::{
     CancelReason, Canceled, ClaimRetired, Completed, CompletedOutcome, Effect, EntryBody, Intent,
     Issued, Observed, OperationId, OperationKind, PersonAction, Step,
@@ -141,7 +142,7 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
             if !w.owned_by(&run.uid) {
                 let kind = if sts { "StatefulSet" } else { "Deployment" };
                 return Ok(Report::blocked(
-                    "DeletionBlocked",
+                    &reasons::DELETION_BLOCKED,
                     format!("{kind} {} is not owned by this fleet; deletion waits until it is removed or relabelled by hand", run.name),
                 ));
             }

@@ -6,6 +6,7 @@
 //! step's precondition must hold, or nothing is written (Canceled in Intent, Blocked after issue).
 //! The write carries the read resourceVersion.
 
+use super::reasons;
 use journal::{
     CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
     MarkerCheck, Observed, OperationId, OperationKind, PersonAction, Phase, Step, Target,
@@ -247,11 +248,14 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
         run.append(action.op(), action.body()).await?;
     }
     if let Some(blocker) = &op.blocker {
-        return Ok(Report::blocked_infra_ready(
-            "OperationBlocked",
+        return Ok(Report::blocked(
+            &reasons::OPERATION_BLOCKED,
             format!(
-                "{} {} is blocked at {}: {blocker}. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
-                op.kind, op.id, step_of(op.kind), run.ns, run.name, op.id
+                "{} {} is blocked at {}: {blocker}. {}",
+                op.kind,
+                op.id,
+                step_of(op.kind),
+                reasons::resolve_hint(&run.ns, &run.name, op.id)
             ),
         ));
     }
@@ -268,7 +272,7 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
             }
             return Ok(if reason == CancelReason::CanceledBeforeIssue {
                 Report::blocked(
-                    "MaintenancePaused",
+                    &reasons::MAINTENANCE_PAUSED,
                     format!("Paused: no operation starts and no member is healed; {} {} was canceled before issue", op.kind, op.id),
                 )
             } else {
@@ -289,11 +293,14 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
             // "Deadlines, Stalled and abandon").
             run.append(op.id, EntryBody::Blocked(journal::Blocked { blocker: why }))
                 .await?;
-            return Ok(Report::blocked_infra_ready(
-                "OperationBlocked",
+            return Ok(Report::blocked(
+                &reasons::OPERATION_BLOCKED,
                 format!(
-                    "{} {} is blocked at {}: the workload changed after its write. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
-                    op.kind, op.id, step_of(op.kind), run.ns, run.name, op.id
+                    "{} {} is blocked at {}: the workload changed after its write. {}",
+                    op.kind,
+                    op.id,
+                    step_of(op.kind),
+                    reasons::resolve_hint(&run.ns, &run.name, op.id)
                 ),
             ));
         }
@@ -955,7 +962,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
     let spec = run.fleet.spec.clone();
     let Some(image) = spec.runtime_image.clone() else {
         return Ok(Report::blocked(
-            "UnsupportedTransition",
+            &reasons::UNSUPPORTED_TRANSITION,
             "Set spec.runtimeImage to a celld image pinned by digest; the operator has no built-in image".into(),
         ));
     };
@@ -968,7 +975,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
         if !w.owned_by(&run.uid) {
             let kind = if sts { "StatefulSet" } else { "Deployment" };
             return Ok(Report::blocked(
-                "LifecycleBlocked",
+                &reasons::LIFECYCLE_BLOCKED,
                 format!("{kind} {} exists but is not owned by this fleet; it is neither adopted nor changed", run.name),
             ));
         }
@@ -1019,7 +1026,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 )
                 .await
             }
-            Some(Err(why)) => return Ok(Report::blocked_infra_ready("ReplacementRefused", why)),
+            Some(Err(why)) => return Ok(Report::blocked(&reasons::REPLACEMENT_REFUSED, why)),
             None => {}
         }
     }
@@ -1036,7 +1043,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 claim.labels().get(FLEET_UID_LABEL).map(String::as_str) == Some(run.uid.as_str());
             if !labelled {
                 return Ok(Report::blocked(
-                    "StorageIdentityConflict",
+                    &reasons::STORAGE_IDENTITY_CONFLICT,
                     format!("Claim {name} exists without this fleet's UID label; it is neither attached nor deleted"),
                 ));
             }
@@ -1144,7 +1151,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                         return Ok(Report::provisioning(message));
                     }
                     super::heal::Verdict::Unschedulable { message } => {
-                        return Ok(Report::blocked_infra_ready("MemberUnschedulable", message))
+                        return Ok(Report::blocked(&reasons::MEMBER_UNSCHEDULABLE, message))
                     }
                 }
             }
@@ -1159,7 +1166,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             })
         }
         Plan::Wait(msg) => Ok(Report::provisioning(msg)),
-        Plan::Unsupported(msg) => Ok(Report::blocked("UnsupportedTransition", msg)),
+        Plan::Unsupported(msg) => Ok(Report::blocked(&reasons::UNSUPPORTED_TRANSITION, msg)),
         Plan::Open {
             kind,
             from,

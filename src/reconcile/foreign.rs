@@ -22,6 +22,7 @@
 //! Both installations compute the same condition message (every installation seen, sorted),
 //! so their status writes agree and do not wake each other in a loop.
 
+use super::reasons;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -268,7 +269,7 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             }
         }
     }
-    Ok(Some(Report::blocked("ForeignOperator", message)))
+    Ok(Some(Report::blocked(&reasons::FOREIGN_OPERATOR, message)))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@
 //! - Repairs (`journal restore`, `journal reset`) arrive as `celld.eric.dev/journal-command`
 //!   values and are consumed before the journal is loaded, because it may not load.
 
+use super::reasons;
 use std::time::{Duration, Instant};
 
 use journal::{Journal, MarkerCheck, RepairCommand};
@@ -111,7 +112,7 @@ pub(crate) fn marker_mismatch(run: &Run<'_>, check: &MarkerCheck, kind: &str) ->
     };
     let show = |v: Option<String>| v.unwrap_or_else(|| "(none)".into());
     Some(Report::blocked(
-        "EffectMarkerMismatch",
+        &reasons::EFFECT_MARKER_MISMATCH,
         format!(
             "{kind} {} carries effect marker {} but the journal's last effect is {} ({why}); the operator writes \
              nothing to it until resolved: after checking the live spec, `kubectl celld journal adopt {}/{}` \
@@ -131,7 +132,7 @@ pub(crate) fn load(ctx: &Ctx, fleet: &CelldFleet) -> Result<Journal, Report> {
     let (ns, name) = (fleet.namespace().unwrap_or_default(), fleet.name_any());
     let journal = journal_store::load(fleet).map_err(|e| {
         Report::blocked(
-            "JournalInvalid",
+            &reasons::JOURNAL_INVALID,
             format!(
                 "The journal annotation fails verification ({e}); the operator changes nothing for this fleet. \
                  Repair with `kubectl celld journal restore {ns}/{name} --from-mirror` (or `--from-file EXPORT`)"
@@ -157,7 +158,7 @@ pub(crate) fn load(ctx: &Ctx, fleet: &CelldFleet) -> Result<Journal, Report> {
         .and_then(|e| e.first().map(journal::Entry::seq))
         .unwrap_or(1);
     Err(Report::blocked(
-        "JournalMissing",
+        &reasons::JOURNAL_MISSING,
         format!(
             "The journal annotation is gone while the local mirror holds entries {first}..{last}; restore it with \
              `kubectl celld journal restore {ns}/{name} --from-mirror`, or start a new journal with \
@@ -314,7 +315,7 @@ pub(crate) async fn announce_blocked(run: &Run<'_>, old: &CelldFleetStatus, repo
     let fleet = format!("{}/{}", run.ns, run.name);
     // `ForeignOperator` is announced by each installation itself (foreign.rs), since both
     // write the same condition and only the first write is a transition.
-    if blocked && report.reason == "ForeignOperator" {
+    if blocked && report.reason == reasons::FOREIGN_OPERATOR.name {
         return;
     }
     if blocked && (!was_blocked || was_reason != report.reason) {

@@ -14,6 +14,7 @@ pub mod heal;
 mod integrity;
 mod plan;
 mod prereq;
+pub mod reasons;
 mod replace;
 mod status;
 mod strict;
@@ -537,7 +538,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     let report = match steps {
         Ok(r) => r,
         Err(Error::Kube { source: kube::Error::Api(s), context }) if s.code == 403 => Report::blocked(
-            "NamespaceAccessDenied",
+            &reasons::NAMESPACE_ACCESS_DENIED,
             format!(
                 "The operator's Role is missing in namespace {} ({context}: forbidden); apply the fleet-namespace Role \
                  and RoleBinding there (chart value fleetNamespaces)",
@@ -546,7 +547,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         ),
         Err(Error::Append(journal_store::AppendError::Stage(journal::StageError::OverBudget(o)))) => {
             Report::blocked(
-                "JournalOverBudget",
+                &reasons::JOURNAL_OVER_BUDGET,
                 format!(
                     "The journal needs {} bytes to keep what compaction must keep; the budget is {} (--journal-annotation-bytes): {}",
                     o.smallest, o.budget, o.why
@@ -565,7 +566,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
         return Ok(Next::Later);
     }
     // Without the namespace Role nothing there can be read: report from the fleet alone.
-    let (live, pods) = if report.reason == "NamespaceAccessDenied" {
+    let (live, pods) = if report.reason == reasons::NAMESPACE_ACCESS_DENIED.name {
         (None, Vec::new())
     } else {
         let sts = crate::render::uses_statefulset(&run.fleet.spec);
@@ -593,7 +594,9 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     run.self_fence_events(&pods).await;
     Ok(
         match (report.class, run.journal.fold().current().is_some()) {
-            _ if report.reason == "ForeignOperator" => Next::After(ctx.foreign_window / 4),
+            _ if report.reason == reasons::FOREIGN_OPERATOR.name => {
+                Next::After(ctx.foreign_window / 4)
+            }
             _ if run.requeue.is_some() => Next::After(run.requeue.unwrap_or(SOON)),
             (Class::Done, false) => Next::Later,
             (Class::Blocked | Class::BlockedInfraReady, _) => Next::Blocked,
@@ -704,7 +707,7 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
             String::new()
         };
         return Ok(Report::blocked(
-            "InvalidConfiguration",
+            &reasons::INVALID_CONFIGURATION,
             format!("{first}{more}"),
         ));
     }
@@ -737,7 +740,7 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
         if run.journal.fold().current().is_some() {
             // A replacement request that has to wait says why (ReplacementRefused comes first).
             if let Some(Err(why)) = replace::admin_request(run).await? {
-                return Ok(Report::blocked_infra_ready("ReplacementRefused", why));
+                return Ok(Report::blocked(&reasons::REPLACEMENT_REFUSED, why));
             }
             return Ok(report);
         }
@@ -751,10 +754,10 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
         .is_some_and(|m| m.paused)
     {
         if let Some(Err(why)) = replace::admin_request(run).await? {
-            return Ok(Report::blocked_infra_ready("ReplacementRefused", why));
+            return Ok(Report::blocked(&reasons::REPLACEMENT_REFUSED, why));
         }
         return Ok(Report::blocked(
-            "MaintenancePaused",
+            &reasons::MAINTENANCE_PAUSED,
             "Paused: no operation starts and no member is healed".into(),
         ));
     }

@@ -1,6 +1,7 @@
 //! Finalizer, gates and the fleet's non-workload objects (docs/design.md "Reconcile order"
 //! steps 7, 8 and 12; "Prerequisites, gates and ownership"; "The storage reservation").
 
+use super::reasons;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -42,7 +43,7 @@ pub async fn ensure_finalizer(run: &mut Run<'_>) -> Result<(), Error> {
 pub async fn gates(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
     if !run.ctx.network_policy_enforced {
         return Ok(Some(Report::blocked(
-            "IsolationUnverified",
+            &reasons::ISOLATION_UNVERIFIED,
             "Nothing is provisioned until an administrator confirms the CNI enforces NetworkPolicy and starts the \
              operator with --network-policy-enforced"
                 .into(),
@@ -82,7 +83,7 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
         .is_none()
     {
         return Ok(Some(Report::blocked(
-            "ServiceAccountMissing",
+            &reasons::SERVICE_ACCOUNT_MISSING,
             format!(
                 "ServiceAccount {sa} does not exist in {}; celld needs it for bucket access",
                 run.ns
@@ -104,7 +105,7 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
         {
             None => {
                 return Ok(Some(Report::blocked(
-                    "StorageClassMissing",
+                    &reasons::STORAGE_CLASS_MISSING,
                     format!("StorageClass {class_name} does not exist"),
                 )))
             }
@@ -118,7 +119,7 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
                     .unwrap_or_else(|| "Immediate".into());
                 if !provisioner_ok || reclaim != "Delete" || binding != "WaitForFirstConsumer" {
                     return Ok(Some(Report::blocked(
-                        "InvalidStorageClass",
+                        &reasons::INVALID_STORAGE_CLASS,
                         format!(
                             "StorageClass {class_name} needs provisioner ebs.csi.aws.com, reclaimPolicy Delete, \
                              volumeBindingMode WaitForFirstConsumer (has {}, {reclaim}, {binding})",
@@ -203,7 +204,7 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         && have.initialization.is_none();
     if !matches {
         return Ok(Some(Report::blocked(
-            "StorageScopeConflict",
+            &reasons::STORAGE_SCOPE_CONFLICT,
             format!(
                 "Reservation {name} binds bucket {bucket} to a different fleet or configuration; this fleet creates and \
                  adopts nothing"
@@ -262,7 +263,7 @@ where
     };
     if !owned(&live, &run.uid) || live.meta().deletion_timestamp.is_some() {
         return Ok(Some(Report::blocked(
-            "InfrastructureBlocked",
+            &reasons::INFRASTRUCTURE_BLOCKED,
             format!("{kind} {name} exists but is not owned by this fleet (no fleet-uid label {}); it is neither adopted nor changed", run.uid),
         )));
     }
@@ -290,7 +291,7 @@ where
         let field =
             first_difference(&want_spec, &live_spec, "spec").unwrap_or_else(|| "spec".into());
         return Ok(Some(Report::blocked(
-            "InfrastructureBlocked",
+            &reasons::INFRASTRUCTURE_BLOCKED,
             format!("{kind} {name} differs from the required shape ({field}); it is not changed"),
         )));
     }

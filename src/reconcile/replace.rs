@@ -21,6 +21,7 @@
 //! the member found terminating or gone at its recorded UID means the `pod` step is done
 //! (`Issued{replayed}`): the delete's answer may have been lost or the process died after it.
 
+use super::reasons;
 use journal::{
     CancelReason, Canceled, ClaimRetired, Completed, CompletedOutcome, Effect, EntryBody, Intent,
     Issued, Observed, OperationId, OperationKind, Recovered, Step, Target, ADOPTED_HOLD_REASON,
@@ -228,14 +229,12 @@ fn blocked_report(run: &Run<'_>, o: &journal::Operation, blocker: &str) -> Repor
         .current_step()
         .map(|s| s.to_string())
         .unwrap_or_else(|| "intent".into());
-    Report::blocked_infra_ready(
-        "OperationBlocked",
+    Report::blocked(
+        &reasons::OPERATION_BLOCKED,
         format!(
-            "MemberReplacement {} is blocked at {step}: {blocker}. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
+            "MemberReplacement {} is blocked at {step}: {blocker}. {}",
             o.id(),
-            run.ns,
-            run.name,
-            o.id()
+            reasons::resolve_hint(&run.ns, &run.name, o.id())
         ),
     )
 }

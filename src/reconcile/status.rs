@@ -11,6 +11,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
+use super::reasons::{self, Classed, Kind, Reason};
 use super::workload::LiveWorkload;
 use super::{Error, KubeContext};
 use crate::api::keys::FLEET_UID_LABEL;
@@ -43,26 +44,22 @@ pub struct Report {
 }
 
 impl Report {
-    /// A blocked reason.
-    pub fn blocked(reason: &'static str, message: String) -> Self {
+    /// A reason that needs a person, with the class it is reported with (blocked, or
+    /// blocked with the fleet's objects in place).
+    pub fn blocked(reason: &'static Classed, message: String) -> Self {
         Self {
-            reason,
-            class: Class::Blocked,
-            message,
-        }
-    }
-    /// A blocked reason whose infrastructure is in place.
-    pub fn blocked_infra_ready(reason: &'static str, message: String) -> Self {
-        Self {
-            reason,
-            class: Class::BlockedInfraReady,
+            reason: reason.name,
+            class: match reason.kind {
+                Kind::BlockedInfraReady => Class::BlockedInfraReady,
+                _ => Class::Blocked,
+            },
             message,
         }
     }
     /// Progress of an open operation.
     pub fn progress(message: String) -> Self {
         Self {
-            reason: "LifecycleProgress",
+            reason: reasons::LIFECYCLE_PROGRESS.name,
             class: Class::Progress,
             message,
         }
@@ -70,7 +67,7 @@ impl Report {
     /// Waiting for the world.
     pub fn provisioning(message: String) -> Self {
         Self {
-            reason: "Provisioning",
+            reason: reasons::PROVISIONING.name,
             class: Class::Wait,
             message,
         }
@@ -78,7 +75,7 @@ impl Report {
     /// Done.
     pub fn provisioned(n: i32) -> Self {
         Self {
-            reason: "Provisioned",
+            reason: reasons::PROVISIONED.name,
             class: Class::Done,
             message: format!("All {n} members run the current template and are ready"),
         }
@@ -90,6 +87,52 @@ fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// What the conditions other than `Blocked` speak about, for their messages: each condition's
+/// message is about its own subject (members, objects, operations, the journal), not the
+/// reconcile's one message repeated.
+struct Subjects {
+    ready: bool,
+    ready_count: i32,
+    replicas: Option<i32>,
+    class: Class,
+    journal_bytes: Option<(i64, i64)>,
+}
+
+impl Subjects {
+    fn ready_message(&self) -> String {
+        match self.replicas {
+            None => "No workload: no member runs".to_string(),
+            Some(0) => "The workload has 0 replicas: no member runs".to_string(),
+            Some(n) if self.ready => format!("All {n} members are ready"),
+            Some(n) => format!("{} of {n} members are ready", self.ready_count),
+        }
+    }
+
+    fn infrastructure_message(&self, infra: bool, report: &str) -> String {
+        if infra {
+            "Prerequisites, Services, NetworkPolicy, PodDisruptionBudget and workload are in place"
+                .to_string()
+        } else {
+            report.to_string()
+        }
+    }
+
+    fn progressing_message(&self, progressing: bool, report: &str) -> String {
+        match self.class {
+            _ if progressing => report.to_string(),
+            Class::Done => "No operation is open: the fleet is as specified".to_string(),
+            _ => "Nothing moves until the block is resolved (see Blocked)".to_string(),
+        }
+    }
+
+    fn journal_message(&self) -> String {
+        match self.journal_bytes {
+            Some((bytes, budget)) => format!("The journal uses {bytes} of {budget} bytes"),
+            None => "The journal's size is not known".to_string(),
+        }
+    }
 }
 
 fn condition(
@@ -186,17 +229,22 @@ pub async fn write(
             .as_ref()
             .filter(|c| c.phase.as_str() == "Stalled")
         {
+            // The blocker of a stalled operation is the deadline itself; say what it still
+            // waits for instead (its summary: kind, step, target).
+            let waiting = if c.blocker.is_empty() || c.blocker.contains("deadline") {
+                c.summary.as_str()
+            } else {
+                c.blocker.as_str()
+            };
             stalled = Some(format!(
-                "{} {} has been open since {}; deadline {} passed; waiting for {}",
+                "{} {} has been open since {}; its deadline {} passed; it is still driven ({waiting}): fix what it waits for, or `kubectl celld journal abandon {}/{} {}`",
                 c.kind,
                 c.id,
                 c.started_at.to_rfc3339(),
                 c.deadline.to_rfc3339(),
-                if c.blocker.is_empty() {
-                    "its target"
-                } else {
-                    &c.blocker
-                }
+                fleet.namespace().unwrap_or_default(),
+                fleet.name_any(),
+                c.id
             ));
         }
         st.recent_operations = p
@@ -227,12 +275,14 @@ pub async fn write(
         let times = journal::audit::time_warnings(j.entries(), Utc::now());
         if let Some(first) = times.first() {
             time_warning = Some(format!(
-                "{first}{}; check the clocks of the operator's nodes (`kubectl celld journal verify` lists every entry)",
+                "{first}{}; check the clocks of the operator's nodes (`kubectl celld journal verify {}/{}` lists the time warnings)",
                 if times.len() > 1 {
                     format!(" (and {} more)", times.len() - 1)
                 } else {
                     String::new()
-                }
+                },
+                fleet.namespace().unwrap_or_default(),
+                fleet.name_any()
             ));
         }
     }
@@ -263,79 +313,102 @@ pub async fn write(
     let paused = fleet.spec.maintenance.as_ref().is_some_and(|m| m.paused);
     let deleting = fleet.metadata.deletion_timestamp.is_some();
     let (r, m) = (report.reason, report.message.as_str());
+    let subjects = Subjects {
+        ready,
+        ready_count,
+        replicas: owned.map(LiveWorkload::replicas),
+        class: report.class,
+        journal_bytes: st
+            .journal
+            .as_ref()
+            .map(|j| (j.bytes, budget.bytes() as i64)),
+    };
+    let own = |t: &str, status: bool, reason: &'static Reason, message: &str| {
+        condition(t, status, reason.name, message, generation)
+    };
     let mut conditions = vec![
-        condition("Ready", ready, r, m, generation),
-        condition("InfrastructureReady", infra, r, m, generation),
-        condition("Progressing", progressing, r, m, generation),
-        condition("Blocked", blocked, r, m, generation),
+        condition("Ready", ready, r, &subjects.ready_message(), generation),
         condition(
-            "MaintenancePaused",
-            paused,
-            if paused {
-                "MaintenancePaused"
-            } else {
-                "NotPaused"
-            },
-            if paused {
-                "Paused: no operation starts and no member is healed"
-            } else {
-                ""
-            },
+            "InfrastructureReady",
+            infra,
+            r,
+            &subjects.infrastructure_message(infra, m),
             generation,
         ),
         condition(
-            "Deleting",
-            deleting,
-            if deleting { "Deleting" } else { "NotDeleting" },
-            if deleting { m } else { "" },
+            "Progressing",
+            progressing,
+            r,
+            &subjects.progressing_message(progressing, m),
             generation,
         ),
-        match &stalled {
-            Some(msg) => condition(
-                "OperationStalled",
+        condition(
+            "Blocked",
+            blocked,
+            r,
+            if blocked { m } else { "Nothing needs a person" },
+            generation,
+        ),
+        if paused {
+            own(
+                "MaintenancePaused",
                 true,
-                "DeadlineExceeded",
-                msg,
-                generation,
-            ),
-            None => condition(
+                &reasons::MAINTENANCE_PAUSED.reason,
+                "Paused: no operation starts and no member is healed",
+            )
+        } else {
+            own(
+                "MaintenancePaused",
+                false,
+                &reasons::NOT_PAUSED,
+                "Not paused: operations start and members are healed",
+            )
+        },
+        if deleting {
+            own("Deleting", true, &reasons::DELETING, m)
+        } else {
+            own(
+                "Deleting",
+                false,
+                &reasons::NOT_DELETING,
+                "The fleet is not being deleted",
+            )
+        },
+        match &stalled {
+            Some(msg) => own("OperationStalled", true, &reasons::DEADLINE_EXCEEDED, msg),
+            None => own(
                 "OperationStalled",
                 false,
-                "NoStalledOperation",
-                "",
-                generation,
+                &reasons::NO_STALLED_OPERATION,
+                "No open operation is past its deadline",
             ),
         },
         match &size_warning {
-            Some(msg) => condition(
+            Some(msg) => own(
                 "JournalSizeWarning",
                 true,
-                "JournalNearCapacity",
+                &reasons::JOURNAL_NEAR_CAPACITY,
                 msg,
-                generation,
             ),
-            None => condition(
+            None => own(
                 "JournalSizeWarning",
                 false,
-                "JournalWithinBudget",
-                "",
-                generation,
+                &reasons::JOURNAL_WITHIN_BUDGET,
+                &subjects.journal_message(),
             ),
         },
         match &time_warning {
-            Some(msg) => condition(
+            Some(msg) => own(
                 "JournalTimeWarning",
                 true,
-                "EntryTimesInconsistent",
+                &reasons::ENTRY_TIMES_INCONSISTENT,
                 msg,
-                generation,
             ),
-            None => condition(
+            None => own(
                 "JournalTimeWarning",
                 false,
-                "EntryTimesConsistent",
-                "",
-                generation,
+                &reasons::ENTRY_TIMES_CONSISTENT,
+                "Every entry's time is consistent with the entries around it",
             ),
         },
     ];

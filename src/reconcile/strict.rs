@@ -32,6 +32,7 @@
 //! generation (recorded in that `Issued`'s `target`); a member whose process restarted by itself
 //! is asked again at once; proofs from unchanged runtimes are captured again from a fresh read.
 
+use super::reasons;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -554,15 +555,13 @@ fn blocked_report(run: &Run<'_>, o: &Operation, blocker: &str) -> Report {
         .current_step()
         .map(|s| s.to_string())
         .unwrap_or_else(|| "intent".into());
-    Report::blocked_infra_ready(
-        "OperationBlocked",
+    Report::blocked(
+        &reasons::OPERATION_BLOCKED,
         format!(
-            "{} {} is blocked at {step}: {blocker}. Resolve with `kubectl celld journal retry {}/{} {}` or `… abandon …`",
+            "{} {} is blocked at {step}: {blocker}. {}",
             o.kind(),
             o.id(),
-            run.ns,
-            run.name,
-            o.id()
+            reasons::resolve_hint(&run.ns, &run.name, o.id())
         ),
     )
 }
@@ -1192,8 +1191,8 @@ pub(crate) async fn open_targets(
     for (pod, state) in states {
         let name = pod.name_any();
         let unavailable = |detail: String| {
-            Ok(Err(Report::blocked_infra_ready(
-                "StrictRemovalUnavailable",
+            Ok(Err(Report::blocked(
+                &reasons::STRICT_REMOVAL_UNAVAILABLE,
                 format!("Member {name} {detail}; the requested {what} cannot start"),
             )))
         };

@@ -4,6 +4,7 @@
 //! leaves a zone-balanced prefix. Not journaled: it completes Pod creation and changes no
 //! member.
 
+use super::reasons;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::ResourceExt;
@@ -64,7 +65,7 @@ pub async fn release(run: &Run<'_>) -> Result<Option<Report>, Error> {
         let selector = pod_spec.node_selector.get_or_insert_with(Default::default);
         if let Some(existing) = selector.get(ZONE_KEY).filter(|z| **z != zone) {
             return Ok(Some(Report::blocked(
-                "SchedulingBlocked",
+                &reasons::SCHEDULING_BLOCKED,
                 format!("Could not release the zone gate of Pod {name}: it already selects zone {existing}, ordinal {ordinal} needs {zone}"),
             )));
         }
@@ -78,7 +79,7 @@ pub async fn release(run: &Run<'_>) -> Result<Option<Report>, Error> {
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
             Err(e) => {
                 return Ok(Some(Report::blocked(
-                    "SchedulingBlocked",
+                    &reasons::SCHEDULING_BLOCKED,
                     format!("Could not release the zone gate of Pod {name}: {e}"),
                 )))
             }
