@@ -30,13 +30,13 @@ help:
 deps:
 	@echo "==> checking build dependencies"
 	@missing=""; \
-	for tool in openssl:openssl curl:curl setsid:util-linux; do \
+	for tool in openssl:openssl curl:curl setsid:util-linux promtool:prometheus; do \
 	  command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \
 	  echo "==> apt-get install$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q $$missing; \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 	@command -v go >/dev/null || { echo "Go is required (the control plane is built from the Go module proxy)"; exit 1; }
 	@command -v $(CARGO) >/dev/null || { echo "cargo is required"; exit 1; }
@@ -66,6 +66,8 @@ docs-check:
 	@echo "==> checking docs/conditions.md for drift"
 	@$(CARGO) run -q --bin celld-operator -- conditions | diff -u docs/conditions.md - \
 	  || { echo "docs/conditions.md is stale: run 'make docs' and commit the result"; exit 1; }
+	@echo "==> checking the docs' links and that nothing refers outside the repository"
+	@python3 integration/check_docs.py
 
 crds-check:
 	@echo "==> checking crds/ for drift"

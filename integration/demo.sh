@@ -91,12 +91,18 @@ done
 k -n celld-demo get celldfleets
 echo; k -n celld-demo describe celldfleet beta | sed -n '/^Status:/,$p'
 echo; "$target/celld-operator" journal show celld-demo/beta
+# The operator's binary is also its kubectl plugin.
+mkdir -p "$work/bin"
+ln -sf "$target/celld-operator" "$work/bin/kubectl-celld"
+ln -sf "$bin/kubectl" "$work/bin/kubectl"
+echo; PATH="$work/bin:$PATH" kubectl celld status celld-demo/beta
 cat <<TXT
 
-The demo keeps running. Try:
-  export KUBECONFIG=$KUBECONFIG
-  $bin/kubectl -n celld-demo get celldfleets,pods,pvc
-  $target/celld-operator journal verify celld-demo/beta
+The demo keeps running. Three things to try next:
+  export KUBECONFIG=$KUBECONFIG PATH=$work/bin:\$PATH
+  kubectl celld status celld-demo/beta                       # members, operations, conditions, journal size
+  kubectl celld journal show celld-demo/beta --since 15m     # the operation history, entry by entry
+  kubectl -n celld-demo scale celldfleet/alpha --replicas=3  # then watch it with the two commands above
 Logs: $work/logs (operator, kubelet, proxy, s3s) and member logs under $work/kubelet/pods.
 Stop: make demo-down (operator, test bed and the demo's own control plane).
 TXT

@@ -671,3 +671,25 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod flag_docs {
+    use clap::CommandFactory;
+
+    /// Every flag of `run` a person may set is in docs/operations.md "Flags of `run`".
+    #[test]
+    fn every_visible_run_flag_is_documented() {
+        let guide = include_str!("../docs/operations.md");
+        let cli = super::Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        let missing: Vec<String> = run
+            .get_arguments()
+            .filter(|a| !a.is_hide_set())
+            .filter_map(|a| a.get_long())
+            .filter(|l| *l != "help")
+            .map(|l| format!("--{l}"))
+            .filter(|flag| !guide.contains(&format!("| `{flag}` |")))
+            .collect();
+        assert!(missing.is_empty(), "flags missing from docs/operations.md: {missing:?}");
+    }
+}

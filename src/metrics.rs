@@ -139,6 +139,13 @@ impl Metrics {
             replacements: Family::default(),
             force_deletes: Family::default(),
         };
+        // Every error category starts at 0, so a rate over it is a series (0) from the first
+        // scrape, not an absent one (dashboards and alerts see "no errors", not "no data").
+        for reason in crate::reconcile::ERROR_CATEGORIES {
+            drop(m.reconcile_errors.get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            }));
+        }
         r.register(
             "celld_operator_member_replacements",
             "completed member replacements by reason and outcome",

@@ -241,6 +241,34 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
         "{text}"
     );
     assert!(text.contains("celld_operator_leader 1"), "{text}");
+    // Every metric the chart's alerts use is exported, and the per-fleet ones have a sample
+    // for this fleet (an alert on a family nobody exports never fires: it happened).
+    let rules = include_str!("../helm/celld-operator/templates/metrics.yaml");
+    let used: std::collections::BTreeSet<&str> = rules
+        .lines()
+        .filter(|l| l.trim_start().starts_with("expr:"))
+        .flat_map(|l| {
+            l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("celld_"))
+        })
+        .collect();
+    assert!(used.len() >= 6, "{used:?}");
+    for name in &used {
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("# TYPE {family} "))),
+            "the alerts use {name}, which /metrics does not export:\n{text}"
+        );
+        if name.starts_with("celld_fleet_") || name.starts_with("celld_journal_") {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("{name}{{{labels}}}"))),
+                "{name} has no sample for {}/alpha:\n{text}",
+                ns.name
+            );
+        }
+    }
     // One Event per journal entry, reason by entry type, the operation id in the note.
     let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
         .list(&ListParams::default())
@@ -2206,4 +2234,208 @@ fn contains(want: &Value, live: &Value, path: &str) -> Result<(), String> {
         (a, b) if a == b => Ok(()),
         _ => Err(path.to_string()),
     }
+}
+
+/// A GET on loopback (plain HTTP/1.1); the body.
+async fn http_get(addr: &str, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::net::TcpStream::connect(addr).await.ok()?;
+    sock.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .ok()?;
+    let mut out = String::new();
+    sock.read_to_string(&mut out).await.ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    // Prometheus answers small queries with a plain body, larger ones chunked.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut rest = body;
+        let mut joined = String::new();
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            joined.push_str(tail.get(..n)?);
+            rest = tail.get(n + 2..)?;
+        }
+        return Some(joined);
+    }
+    Some(body.to_string())
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A real Prometheus (Debian's `prometheus`, installed by `make deps`) scrapes a running
+/// operator with a fleet and loads the chart's alert rules (rendered with helm): every rule
+/// is evaluated without error, every alert's signal (its expression without the threshold)
+/// and every query of the chart's Grafana dashboard returns at least one series.
+#[tokio::test]
+async fn prometheus_evaluates_every_alert_and_dashboard_query_against_the_operator() {
+    let _guard = isolated().await;
+    let (c, client, ns) = setup("prom").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let _operator = Operator::start(None);
+    create_ready(&api, &fleet("mon", "Bucket", 3, &unique_bucket("mon")), 3).await;
+
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chart = repo.join("helm/celld-operator");
+    let rendered = c
+        .helm(&[
+            "template",
+            "celld-operator",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "celld-system",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+        ])
+        .unwrap();
+    let rule_spec = rendered
+        .split("\n---")
+        .find(|d| d.contains("kind: PrometheusRule"))
+        .expect("the chart renders a PrometheusRule");
+    // The `spec:` block, unindented: a Prometheus rules file.
+    let spec = rule_spec
+        .split_once("\nspec:\n")
+        .map(|(_, s)| s)
+        .expect("spec");
+    let rules_file: String = spec
+        .lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let dir = c.work_dir.join(format!("prometheus-{}", ns.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("rules.yaml"), &rules_file).unwrap();
+    let target = metrics_addr();
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             rule_files: [rules.yaml]\n\
+             scrape_configs:\n  - job_name: celld-operator\n    static_configs: [{{targets: ['{target}']}}]\n"
+        ),
+    )
+    .unwrap();
+    let listen = free_loopback_addr();
+    let binary = ["/usr/bin/prometheus", "/usr/local/bin/prometheus"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("prometheus is installed by `make deps` (Debian package prometheus)");
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+    let mut prometheus = Command::new(binary)
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={listen}"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("prometheus starts");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut prometheus);
+    let query = |q: String| {
+        let listen = listen.clone();
+        async move {
+            let body = http_get(&listen, &format!("/api/v1/query?query={}", urlencode(&q))).await?;
+            let v: Value = serde_json::from_str(&body).ok()?;
+            Some(v["data"]["result"].as_array().map_or(0, Vec::len))
+        }
+    };
+    // Scraped at least a few times (rates need two samples).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while query("count_over_time(celld_operator_leader[1m])".into())
+        .await
+        .unwrap_or(0)
+        == 0
+        || query("sum(rate(celld_operator_api_requests_total[1m]))".into())
+            .await
+            .unwrap_or(0)
+            == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus did not scrape the operator at {target}; log: {}",
+            dir.join("prometheus.log").display()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Every rule evaluated without error.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let rules: Value = loop {
+        let body = http_get(&listen, "/api/v1/rules").await.unwrap_or_default();
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        let rules = v["data"]["groups"][0]["rules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !rules.is_empty() && rules.iter().all(|r| r["health"] == "ok") {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "rules not healthy: {v:#}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let alerts = rules["data"]["groups"][0]["rules"].as_array().unwrap();
+    assert!(alerts.len() >= 6, "{rules:#}");
+    let mut empty = Vec::new();
+    for a in alerts {
+        let expr = a["query"].as_str().unwrap();
+        // The signal: the expression without its threshold (and without the `absent` guard).
+        let signal = expr.split(" or absent(").next().unwrap();
+        let signal = signal
+            .rsplit_once(" > ")
+            .or_else(|| signal.rsplit_once(" < "))
+            .map_or(signal, |(s, _)| s)
+            .trim_start_matches('(');
+        if query(signal.to_string()).await.unwrap_or(0) == 0 {
+            empty.push(format!("{} ({signal})", a["name"]));
+        }
+    }
+    let dashboard: Value =
+        serde_json::from_str(&std::fs::read_to_string(chart.join("files/dashboard.json")).unwrap())
+            .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 10);
+    for p in panels {
+        for t in p["targets"].as_array().unwrap() {
+            let q = t["expr"].as_str().unwrap().to_string();
+            if query(q.clone()).await.unwrap_or(0) == 0 {
+                empty.push(format!("panel {:?} ({q})", p["title"]));
+            }
+        }
+    }
+    assert!(
+        empty.is_empty(),
+        "queries without a series: {empty:#?}\nPrometheus log: {}",
+        dir.join("prometheus.log").display()
+    );
+    cleanup(&client, ns).await;
 }

@@ -94,4 +94,6 @@ if ! diff -u "$repo/crds/celld.eric.dev.yaml" "$chart/crds/celld.eric.dev.yaml" 
 else
   echo "  ok"
 fi
+
+"$here/alerts-check.sh" || fail=1
 exit $fail

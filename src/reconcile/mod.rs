@@ -139,7 +139,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// Stable PascalCase category (Event reason, metric label).
+    /// Stable PascalCase category (Event reason, metric label), one of [`ERROR_CATEGORIES`]
+    /// (the `reason` label of `celld_operator_reconcile_errors_total`).
     pub fn category(&self) -> &'static str {
         match self {
             Error::Kube {
@@ -157,6 +158,15 @@ impl Error {
         }
     }
 }
+
+/// Every value [`Error::category`] returns.
+pub const ERROR_CATEGORIES: [&str; 5] = [
+    "Conflict",
+    "Forbidden",
+    "ApiError",
+    "JournalAppendFailed",
+    "JournalInvalid",
+];
 
 /// Adds context to a kube error.
 pub(crate) trait KubeContext<T> {
