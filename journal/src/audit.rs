@@ -253,6 +253,41 @@ fn format_second(t: &chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// `…T10:30:00.123456789Z` → `…T10:30:00Z` wherever a time appears in `text`.
+fn to_the_second(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let (mut i, mut copied) = (0, 0);
+    while i < b.len() {
+        // `:SS.` followed by digits then `Z`: drop the fraction (ASCII only, so the cut is
+        // on a character boundary).
+        if b[i] == b'.' && i >= 3 && b[i - 3] == b':' && b[i - 1].is_ascii_digit() {
+            let digits = b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+            if digits > 0 && b.get(i + 1 + digits) == Some(&b'Z') {
+                out.push_str(&text[copied..i]);
+                i += 1 + digits;
+                copied = i;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+#[cfg(test)]
+mod second_tests {
+    #[test]
+    fn fractions_of_seconds_are_dropped_and_the_rest_kept() {
+        assert_eq!(
+            super::to_the_second("Scale 3→2 deadline=2026-11-29T10:30:00.123456789Z after=x/1.5"),
+            "Scale 3→2 deadline=2026-11-29T10:30:00Z after=x/1.5"
+        );
+        assert_eq!(super::to_the_second("rv=1.2 at 10:00:00Z"), "rv=1.2 at 10:00:00Z");
+    }
+}
+
 /// Left-aligned columns two spaces apart, each as wide as its widest cell; the last column
 /// is not padded.
 fn aligned(rows: &[Vec<String>]) -> Vec<String> {
@@ -354,7 +389,7 @@ pub fn show_entries_with(
                         format!("{}{:>6}", if error.is_some() { "!" } else { " " }, e.seq()),
                         format_second(&e.at()),
                         e.entry_type().as_str().to_owned(),
-                        entry_detail(e),
+                        to_the_second(&entry_detail(e)),
                     ]
                 })
                 .collect();

@@ -53,6 +53,7 @@ fn the_table_shows_seconds_aligned_columns_and_filters() {
     // Times to the second: no fractional seconds anywhere in the table.
     let frac = regex_free_fraction(&text);
     assert!(!frac, "{text}");
+    assert!(text.contains("deadline=2026-11-29T10:30:00Z"), "{text}");
     // The header's columns line up with the operations' rows.
     let header = lines.iter().find(|l| l.starts_with("OPERATION")).unwrap();
     let kind_at = header.find("KIND").unwrap();
