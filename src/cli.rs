@@ -690,6 +690,9 @@ mod flag_docs {
             .map(|l| format!("--{l}"))
             .filter(|flag| !guide.contains(&format!("| `{flag}` |")))
             .collect();
-        assert!(missing.is_empty(), "flags missing from docs/operations.md: {missing:?}");
+        assert!(
+            missing.is_empty(),
+            "flags missing from docs/operations.md: {missing:?}"
+        );
     }
 }

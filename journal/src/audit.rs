@@ -284,7 +284,10 @@ mod second_tests {
             super::to_the_second("Scale 3→2 deadline=2026-11-29T10:30:00.123456789Z after=x/1.5"),
             "Scale 3→2 deadline=2026-11-29T10:30:00Z after=x/1.5"
         );
-        assert_eq!(super::to_the_second("rv=1.2 at 10:00:00Z"), "rv=1.2 at 10:00:00Z");
+        assert_eq!(
+            super::to_the_second("rv=1.2 at 10:00:00Z"),
+            "rv=1.2 at 10:00:00Z"
+        );
     }
 }
 
