@@ -748,9 +748,17 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     if run.journal.fold().current().is_some() {
         let report = drive::drive_open(run).await?;
         if run.journal.fold().current().is_some() {
-            // A replacement request that has to wait says why (ReplacementRefused comes first).
-            if let Some(Err(why)) = replace::admin_request(run).await? {
-                return Ok(Report::blocked(&reasons::REPLACEMENT_REFUSED, why));
+            // A replacement request that has to wait says why, unless the open operation is
+            // blocked: that needs a person first, and its report must not be hidden (the
+            // request waits for it either way).
+            let blocked = matches!(
+                report.class,
+                status::Class::Blocked | status::Class::BlockedInfraReady
+            );
+            if !blocked {
+                if let Some(Err(why)) = replace::admin_request(run).await? {
+                    return Ok(Report::blocked(&reasons::REPLACEMENT_REFUSED, why));
+                }
             }
             return Ok(report);
         }

@@ -94,7 +94,7 @@ reason!(OPERATION_BLOCKED, BlockedInfraReady, "OperationBlocked",
     "Resolve the blocker, then `kubectl celld journal retry NS/FLEET OP`, or stop it with `kubectl celld journal abandon NS/FLEET OP` (a moved marker must be put back before a retry can pass).",
     "`OperationBlocked`");
 reason!(REPLACEMENT_REFUSED, BlockedInfraReady, "ReplacementRefused",
-    "A celld.eric.dev/replace-member request fails one of its checks (value, open operation, pause, member gone, recreated or terminating, another member down); the checks repeat at every reconcile, and while it is pending it is reported instead of the open operation's or the pause's reason.",
+    "A celld.eric.dev/replace-member request fails one of its checks (value, open operation, pause, member gone, recreated or terminating, another member down); the checks repeat at every reconcile, and while it is pending it is reported instead of the pause or of an open operation that is not blocked.",
     "Wait when the check is one that passes by itself, otherwise withdraw the request (`kubectl annotate celldfleet -n NS FLEET celld.eric.dev/replace-member-`) and ask again with `kubectl celld replace NS/FLEET MEMBER`.",
     "`ReplacementRefused`");
 reason!(MEMBER_UNSCHEDULABLE, BlockedInfraReady, "MemberUnschedulable",
