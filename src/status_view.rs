@@ -308,7 +308,7 @@ impl View {
             ]
         }))
         .collect();
-        for row in table(&rows) {
+        for row in journal::audit::aligned(&rows) {
             line(format!("  {row}"));
         }
         if self.members.is_empty() {
@@ -358,7 +358,7 @@ impl View {
                 ]
             }))
             .collect();
-            for row in table(&rows) {
+            for row in journal::audit::aligned(&rows) {
                 line(format!("  {row}"));
             }
         }
@@ -408,31 +408,6 @@ pub fn second(t: &str) -> String {
             .to_string(),
         Err(_) => t.to_string(),
     }
-}
-
-/// Left-aligned columns, two spaces apart, each as wide as its widest cell.
-pub fn table(rows: &[Vec<String>]) -> Vec<String> {
-    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|i| {
-            rows.iter()
-                .filter_map(|r| r.get(i))
-                .map(|c| c.chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    rows.iter()
-        .map(|r| {
-            r.iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -555,14 +530,5 @@ mod tests {
         assert!(text.contains("(none)"));
         assert!(text.contains("Open operation: none"));
         assert!(text.contains("desired 3, applied -, ready -"), "{text}");
-    }
-
-    #[test]
-    fn table_pads_every_column_to_its_widest_cell() {
-        let rows = vec![
-            vec!["A".to_string(), "BB".to_string(), "C".to_string()],
-            vec!["long".to_string(), "x".to_string(), "y".to_string()],
-        ];
-        assert_eq!(table(&rows), vec!["A     BB  C", "long  x   y"]);
     }
 }

@@ -292,8 +292,8 @@ mod second_tests {
 }
 
 /// Left-aligned columns two spaces apart, each as wide as its widest cell; the last column
-/// is not padded.
-fn aligned(rows: &[Vec<String>]) -> Vec<String> {
+/// is not padded (also `kubectl celld status`'s tables).
+pub fn aligned(rows: &[Vec<String>]) -> Vec<String> {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|i| {

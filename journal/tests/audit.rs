@@ -282,3 +282,12 @@ fn a_gap_in_the_mirror_is_reported_but_is_not_a_failure() {
     assert_eq!(report.fleets[0].range, Some((1, last)));
     assert_eq!(report.fleets[0].transitions, None);
 }
+
+#[test]
+fn aligned_pads_every_column_but_the_last_to_its_widest_cell() {
+    let rows = vec![
+        vec!["A".to_string(), "BB".to_string(), "C".to_string()],
+        vec!["long".to_string(), "x".to_string(), "y".to_string()],
+    ];
+    assert_eq!(audit::aligned(&rows), vec!["A     BB  C", "long  x   y"]);
+}
