@@ -170,13 +170,17 @@ bench-operator: control-plane
 	@echo "==> operator benchmark (~12 min with the defaults; progress on stderr)"
 	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
 
-## drills: the exhaustive fault drills (tests/operator_faults.rs, `--ignored`): every API fault
-## kind on every write each operation kind sends (one operator process per run, a table of
-## operation x fault kind at the end), and twelve leaders frozen at random instants; over an
-## hour on 2 cores (the Scale part alone: 152 runs, 12 min). `make test` runs the bounded subset.
+## drills: the exhaustive fault drills (`--ignored` tests of tests/operator_faults.rs, then of
+## tests/operator_strict.rs): every API fault kind on every write each Bucket operation kind
+## sends and on every StatefulSet write and claim delete of the strict operations (one operator
+## process per run, a table of operation x fault kind at the end), random-instant kills, and
+## twelve leaders frozen at random instants; over an hour on 2 cores. `make test` runs the
+## bounded subsets.
 drills: control-plane store-tools
-	@echo "==> exhaustive fault drills (table on stderr at the end)"
+	@echo "==> exhaustive fault drills, Bucket kinds and frozen leaders (tables on stderr)"
 	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=2
+	@echo "==> exhaustive fault drills, strict operations with simulator members (table on stderr)"
+	$(CARGO) test -p celld-operator --test operator_strict -- --ignored --nocapture
 
 ## fuzz: bounded fuzzing of the journal decoder and command parser.
 FUZZ_SECONDS ?= 60
