@@ -174,8 +174,8 @@ bench-operator: control-plane
 ## tests/operator_strict.rs): every API fault kind on every write each Bucket operation kind
 ## sends and on every StatefulSet write and claim delete of the strict operations (one operator
 ## process per run, a table of operation x fault kind at the end), random-instant kills, and
-## twelve leaders frozen at random instants; over an hour on 2 cores. `make test` runs the
-## bounded subsets.
+## twelve leaders frozen at random instants; 66 min on 2 cores (2026-12-03: 788 sweep runs and
+## 12 frozen leaders in 56 min, then 57 strict runs in 10 min). `make test` runs the bounded subsets.
 drills: control-plane store-tools
 	@echo "==> exhaustive fault drills, Bucket kinds and frozen leaders (tables on stderr)"
 	$(CARGO) test -p celld-operator --test operator_faults -- --ignored --nocapture --test-threads=2
