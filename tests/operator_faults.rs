@@ -475,14 +475,7 @@ impl SweepOp {
                 .unwrap();
             }
             Change::Restart => {
-                let token = format!("sweep-{n}");
-                api.patch(
-                    "sl",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": token}}})),
-                )
-                .await
-                .unwrap();
+                set_restart_token(api, "sl", &format!("sweep-{n}")).await;
             }
             Change::Upgrade => {
                 let now = api.get("sl").await.unwrap().spec.runtime_image;

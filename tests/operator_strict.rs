@@ -1041,13 +1041,7 @@ async fn strict_run(
         }
         StrictChange::Coordinated => {
             let token = format!("sweep-{}", sb.runs);
-            api.patch(
-                "phi",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"maintenance": {"restartToken": token}}})),
-            )
-            .await
-            .unwrap();
+            celld_harness::fleet::set_restart_token(&api, "phi", &token).await;
         }
     }
     if let Some(delay) = kill_after {

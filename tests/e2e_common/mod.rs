@@ -443,27 +443,6 @@ pub fn assert_teardown_order(log: &AuditLog, ns: &str, claims: usize) {
     assert_eq!(labels, expected, "teardown order: {seq:#?}");
 }
 
-/// Sets `spec.maintenance.paused` of fleet `name`.
-/// Asks for an administrative replacement of member `pod` at `uid`
-/// (`celld.eric.dev/replace-member`, as `celld-operator replace` sets it).
-pub async fn request_replacement(api: &Api<CelldFleet>, name: &str, pod: &str, uid: &str) {
-    let request = format!("{pod}/{uid}");
-    api.patch(
-        name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
-            celld_operator::api::keys::REPLACE_MEMBER_ANNOTATION: request}}})),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("asking {name} to replace {pod}: {e}"));
-}
-
-pub async fn set_paused(api: &Api<CelldFleet>, name: &str, paused: bool) {
-    api.patch(
-        name,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(json!({"spec": {"maintenance": {"paused": paused}}})),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("setting paused={paused} on {name}: {e}"));
-}
+// Fleet edits live in the harness (shared with the simulator suites); not every test binary uses them.
+#[allow(unused_imports)]
+pub use celld_harness::fleet::{request_replacement, set_paused, set_restart_token};

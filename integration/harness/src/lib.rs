@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod drill;
+pub mod fleet;
 pub mod operator;
 
 use std::collections::HashMap;
