@@ -143,6 +143,14 @@ pub struct RunArgs {
     /// drill shows the API server refusing a deposed leader's write by its precondition).
     #[arg(long, hide = true)]
     pub test_skip_lease_guard: bool,
+    /// Test clusters only: no cached pass; every reconcile reads the fleet and its objects
+    /// fresh from the API server (the design before the watch-fed caches, kept so a benchmark
+    /// can measure both in one run).
+    #[arg(long, hide = true)]
+    pub test_fresh_reads: bool,
+    /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub reconcile_concurrency: u16,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -293,6 +301,7 @@ impl RunArgs {
             (self.test_claim_age.is_some(), "--test-claim-age"),
             (self.test_api_fault.is_some(), "--test-api-fault"),
             (self.test_skip_lease_guard, "--test-skip-lease-guard"),
+            (self.test_fresh_reads, "--test-fresh-reads"),
         ] {
             if set && !self.local_test {
                 return Err(format!("{flag} needs --local-test"));

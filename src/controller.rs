@@ -9,7 +9,6 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use journal::{Budget, Leader, Mirror, MirrorOptions};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -99,6 +98,9 @@ async fn replay_mirror(ctx: &Ctx, apis: &[Api<CelldFleet>]) -> anyhow::Result<()
         fleets.extend(api.list(&Default::default()).await?.items);
     }
     for fleet in fleets {
+        if let (Some(w), Some(ns)) = (&ctx.watches, fleet.namespace()) {
+            w.track(&ns, &fleet.name_any(), &fleet.uid().unwrap_or_default());
+        }
         let Some(text) = fleet
             .annotations()
             .get(crate::api::keys::JOURNAL_ANNOTATION)
@@ -190,10 +192,27 @@ async fn reconcile_fleet(
     let _enter = span.enter();
     ctx.check_lease();
     let started = std::time::Instant::now();
-    let result = reconcile::reconcile(&ns, &name, &ctx).await;
+    let (result, pass) = reconcile::reconcile(&ns, &name, &ctx, Some(&fleet)).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
+    ctx.metrics
+        .passes
+        .get_or_create(&crate::metrics::PassLabels {
+            pass: match pass {
+                reconcile::PassKind::Cached => "cached",
+                reconcile::PassKind::Fresh => "fresh",
+            }
+            .into(),
+        })
+        .inc();
+    if let Ok(mut seen) = ctx.reconciled.lock() {
+        seen.insert(fleet.uid().unwrap_or_default());
+        ctx.metrics.fleets_reconciled.set(seen.len() as i64);
+    }
+    if let Some(w) = &ctx.watches {
+        ctx.metrics.cached_objects.set(w.cached_objects() as i64);
+    }
     if let Err(e) = &result {
         ctx.metrics
             .reconcile_errors
@@ -265,6 +284,7 @@ pub fn user_agent(identity: &str) -> String {
 
 /// Runs the controller until SIGTERM/SIGINT or a lost Lease.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    process_started();
     init_logging(args.log_format);
     if let Some(fp) = args.fault_point.clone() {
         crate::failpoint::arm(fp);
@@ -417,6 +437,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         healing: args.healing(),
         announced: Default::default(),
         foreign_reported: Default::default(),
+        fresh_reads: args.test_fresh_reads,
+        reconciled: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {
@@ -437,14 +459,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             .collect()
     };
     replay_mirror(&ctx, &apis).await?;
+    // The caches of every namespace with a fleet are listed before the first reconcile, so
+    // a start reconciles settled fleets from them (bounded: a namespace whose watch is
+    // refused reconciles from fresh reads and reports NamespaceAccessDenied).
+    if let (Some(w), false) = (&ctx.watches, ctx.fresh_reads) {
+        if !w.wait_ready(CACHE_START_WAIT).await {
+            tracing::warn!(
+                "some namespaces' caches were not listed within {CACHE_START_WAIT:?}; their fleets are reconciled from fresh reads until they are"
+            );
+        }
+    }
     tracing::info!(identity, namespaces = ?args.watch_namespaces, "leader: reconciling fleets");
     metrics.leader.set(1);
+    metrics
+        .leader_ready_seconds
+        .set(process_started().elapsed().as_secs_f64());
     ready.store(true, Ordering::SeqCst);
     let client_for_release = client.clone();
     let triggers = route_triggers(pod_events_rx, &args.watch_namespaces);
     let controllers = apis.into_iter().zip(triggers).map(|(fleets, trigger)| {
-        Controller::new(fleets, watcher::Config::default())
-            .with_config(kube::runtime::controller::Config::default().concurrency(4))
+        Controller::new(fleets, crate::watches::watch_config())
+            .with_config(
+                kube::runtime::controller::Config::default()
+                    .concurrency(args.reconcile_concurrency),
+            )
             .reconcile_on(trigger)
             .graceful_shutdown_on(stop())
             .run(reconcile_fleet, error_policy, ctx.clone())
@@ -491,6 +529,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// How long a start waits for the caches' first lists before reconciling.
+const CACHE_START_WAIT: Duration = Duration::from_secs(10);
+
+/// When this process started (the first call, from `run`, is early enough).
+fn process_started() -> std::time::Instant {
+    static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::Instant::now)
 }
 
 /// How long running reconciles get to reach a boundary on SIGTERM (docs/design.md "Leader Lease").

@@ -15,7 +15,13 @@ pub fn arm(point: FaultPoint) {
 }
 
 /// Marks a boundary; exits with code 3 when it is the armed one and its count is reached.
+/// A cached pass (`crate::pass`) never counts a failpoint: reaching one means the reconcile
+/// is about to act, so the pass escalates and the fresh pass reaches it instead.
 pub fn reach(name: &str) {
+    if let Some(esc) = crate::pass::cached() {
+        esc.escalate(|| format!("failpoint {name}"));
+        return;
+    }
     if let Some((point, count)) = ARMED.get() {
         if point.name == name && count.fetch_add(1, Ordering::SeqCst) + 1 == point.nth {
             if point.stop {

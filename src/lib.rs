@@ -11,6 +11,7 @@ pub mod journal_store;
 pub mod leader;
 pub mod member;
 pub mod metrics;
+pub mod pass;
 pub mod reconcile;
 pub mod render;
 pub mod repair;

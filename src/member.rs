@@ -401,6 +401,10 @@ fn request(
 
 /// `GET /state` of member `node` at `ip` (its Pod IP, never a Service or name).
 pub async fn state(ip: std::net::IpAddr, node: &str) -> Result<State, Unknown> {
+    if let Some(esc) = crate::pass::cached() {
+        esc.escalate(|| "get member /state".into());
+        return Err(Unknown("not asked: a cached pass sends no request".into()));
+    }
     let addr = SocketAddr::new(ip, INTERNAL_PORT);
     let (status, body) = exchange(
         addr,
@@ -424,6 +428,10 @@ pub fn valid_operation_id(id: &str) -> bool {
 
 /// `POST /shutdown?mode=remove-disk` with `{operation_id, expected_generation}`.
 pub async fn remove_disk(ip: std::net::IpAddr, operation_id: &str, generation: &str) -> Posted {
+    if let Some(esc) = crate::pass::cached() {
+        esc.escalate(|| "post member removal".into());
+        return Posted::Unknown("not sent: a cached pass sends no request".into());
+    }
     if !valid_operation_id(operation_id) || generation.is_empty() || generation.len() > 256 {
         return Posted::Unsupported(format!(
             "refusing to send operation id {operation_id:?} / generation of {} bytes",

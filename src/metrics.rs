@@ -48,6 +48,20 @@ pub struct ReplacementLabels {
     pub outcome: String,
 }
 
+/// `pass`: `cached` or `fresh`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PassLabels {
+    /// `cached`: ended from the caches with zero requests; `fresh`: ran from fresh reads.
+    pub pass: String,
+}
+
+/// `cause`: why a cached pass escalated.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    /// The first request it was asked to make (`verb resource`), or another reason.
+    pub cause: String,
+}
+
 /// `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -103,6 +117,16 @@ pub struct Metrics {
     pub replacements: Family<ReplacementLabels, Counter<u64, AtomicU64>>,
     /// Members deleted with grace 0 after their node failed to confirm termination.
     pub force_deletes: Family<FleetLabels, Counter<u64, AtomicU64>>,
+    /// Reconciles by the pass that decided them.
+    pub passes: Family<PassLabels, Counter<u64, AtomicU64>>,
+    /// Cached passes that handed over to a fresh pass, by cause.
+    pub escalations: Family<CauseLabels, Counter<u64, AtomicU64>>,
+    /// Distinct fleets reconciled by this process.
+    pub fleets_reconciled: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// Process start → leader ready (journals replayed, caches listed), seconds.
+    pub leader_ready_seconds: Gauge<f64, AtomicU64>,
+    /// Objects in the watch-fed caches.
+    pub cached_objects: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -138,7 +162,17 @@ impl Metrics {
             api_requests: Family::default(),
             replacements: Family::default(),
             force_deletes: Family::default(),
+            passes: Family::default(),
+            escalations: Family::default(),
+            fleets_reconciled: Gauge::default(),
+            leader_ready_seconds: Gauge::default(),
+            cached_objects: Gauge::default(),
         };
+        for pass in ["cached", "fresh"] {
+            drop(m.passes.get_or_create(&PassLabels {
+                pass: pass.to_string(),
+            }));
+        }
         // Every error category starts at 0, so a rate over it is a series (0) from the first
         // scrape, not an absent one (dashboards and alerts see "no errors", not "no data").
         for reason in crate::reconcile::ERROR_CATEGORIES {
@@ -247,8 +281,42 @@ impl Metrics {
             "requests sent to the API server, by verb and resource",
             m.api_requests.clone(),
         );
+        r.register(
+            "celld_operator_reconcile_passes",
+            "reconciles by the pass that decided them: cached (zero requests) or fresh (read from the API server)",
+            m.passes.clone(),
+        );
+        r.register(
+            "celld_operator_cache_escalations",
+            "cached passes handed over to a fresh pass, by the first request they needed",
+            m.escalations.clone(),
+        );
+        r.register(
+            "celld_operator_fleets_reconciled",
+            "distinct fleets this process has reconciled",
+            m.fleets_reconciled.clone(),
+        );
+        r.register(
+            "celld_operator_leader_ready_seconds",
+            "seconds from process start until the leader was ready (journals replayed, caches listed)",
+            m.leader_ready_seconds.clone(),
+        );
+        r.register(
+            "celld_operator_cached_objects",
+            "objects held in the watch-fed caches",
+            m.cached_objects.clone(),
+        );
         *m.registry.lock().expect("fresh lock") = r;
         m
+    }
+
+    /// Counts a cached pass that escalated.
+    pub fn escalated(&self, cause: &str) {
+        self.escalations
+            .get_or_create(&CauseLabels {
+                cause: cause.to_string(),
+            })
+            .inc();
     }
 
     /// Removes every series of a deleted fleet.

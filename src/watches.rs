@@ -1,25 +1,34 @@
-//! Per-namespace watches (docs/design.md "Controller, watches and requeue"): started with the
-//! namespace's first fleet and stopped with its last, selected by the fleet label, on StatefulSets,
-//! Deployments, ReplicaSets, Pods, PersistentVolumeClaims, Services, NetworkPolicies and
-//! PodDisruptionBudgets, so member readiness, deletion, workload rollouts, claim changes and edits
-//! of owned infrastructure drive reconciles without polling. An event maps to its fleet by the
-//! label's UID; unknown UIDs are ignored. Cluster-wide access is never needed (the fleet Role
-//! grants list/watch per namespace); a refused watch retries with backoff while the fleet reports
+//! Per-namespace watches and caches (docs/design.md "Controller, watches and requeue",
+//! "Caches and the two passes"): started with the namespace's first fleet and stopped with
+//! its last, selected by the fleet label, on StatefulSets, Deployments, ReplicaSets, Pods,
+//! PersistentVolumeClaims, Services, NetworkPolicies and PodDisruptionBudgets, so member
+//! readiness, deletion, workload rollouts, claim changes and edits of owned infrastructure
+//! drive reconciles without polling. An event maps to its fleet by the label's UID; unknown
+//! UIDs are ignored. Cluster-wide access is never needed (the fleet Role grants list/watch per
+//! namespace); a refused watch retries with backoff while the fleet reports
 //! NamespaceAccessDenied from its own reads.
 //!
-//! Decisions are still made from fresh reads (every guarded write and destructive step needs
-//! one anyway); the watches only say *when* to look.
+//! Each watch but the ReplicaSets' feeds a reflector store ([`NsCache`]) that a reconcile's
+//! cached pass reads (`crate::pass`); the store is updated before the event triggers the
+//! reconcile, so the object that caused a reconcile is never older in the cache than in the
+//! event. ReplicaSets are watched for their metadata only (they only say *when* to look).
+//! `managedFields` are dropped from cached objects (nothing reads them; they are most of a
+//! Pod's size). Only labelled objects are cached: a by-name read that misses the cache is
+//! sent to the API server (a foreign object has no fleet label).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::reflector::ObjectRef;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -27,16 +36,140 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
 use crate::api::keys::FLEET_UID_LABEL;
-use crate::api::CelldFleet;
+use crate::api::{CelldFleet, CelldStorageReservation};
+
+/// Server-side timeout of every watch, in seconds: a watch is one request until the API
+/// server ends it, so this sets the at-rest request rate of the watches (each re-opens every
+/// 55 minutes, resuming from its last resourceVersion). The API server sends a bookmark
+/// about once a minute, so a quiet watch is never taken for a dead one.
+pub const WATCH_TIMEOUT_SECS: u32 = 3300;
+
+/// The watch settings of every watch the operator opens (bookmarks on, [`WATCH_TIMEOUT_SECS`]).
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(WATCH_TIMEOUT_SECS)
+}
 
 type FleetIndex = Arc<Mutex<HashMap<String, ObjectRef<CelldFleet>>>>;
 
-/// Fleet index (UID → fleet) and the watches of each namespace.
+/// The watch-fed stores of one namespace (labelled objects only).
+#[derive(Clone)]
+pub struct NsCache {
+    /// Pods.
+    pub pods: Store<Pod>,
+    /// StatefulSets.
+    pub statefulsets: Store<StatefulSet>,
+    /// Deployments.
+    pub deployments: Store<Deployment>,
+    /// PersistentVolumeClaims.
+    pub claims: Store<PersistentVolumeClaim>,
+    /// Services.
+    pub services: Store<Service>,
+    /// NetworkPolicies.
+    pub network_policies: Store<NetworkPolicy>,
+    /// PodDisruptionBudgets.
+    pub pdbs: Store<PodDisruptionBudget>,
+    /// ServiceAccounts (metadata only, unlabelled: every one in the namespace).
+    pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
+    /// StorageClasses (cluster-wide, shared by every namespace).
+    pub storage_classes: Store<StorageClass>,
+    /// Storage reservations (cluster-wide, shared by every namespace).
+    pub reservations: Store<CelldStorageReservation>,
+}
+
+impl NsCache {
+    /// Every store has completed its first list (a store that has not, e.g. because its
+    /// watch is refused, is not read: the pass escalates to fresh reads).
+    pub fn ready(&self) -> bool {
+        fn ready<K: kube::runtime::reflector::Lookup + Clone + 'static>(s: &Store<K>) -> bool
+        where
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            s.wait_until_ready()
+                .now_or_never()
+                .is_some_and(|r| r.is_ok())
+        }
+        ready(&self.pods)
+            && ready(&self.statefulsets)
+            && ready(&self.deployments)
+            && ready(&self.claims)
+            && ready(&self.services)
+            && ready(&self.network_policies)
+            && ready(&self.pdbs)
+            && ready(&self.service_accounts)
+            && ready(&self.storage_classes)
+            && ready(&self.reservations)
+    }
+
+    /// Objects cached, all kinds (a gauge).
+    pub fn len(&self) -> usize {
+        self.pods.len()
+            + self.statefulsets.len()
+            + self.deployments.len()
+            + self.claims.len()
+            + self.services.len()
+            + self.network_policies.len()
+            + self.pdbs.len()
+            + self.service_accounts.len()
+    }
+
+    /// Nothing cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A kind with a store in [`NsCache`].
+pub trait Cached:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+    /// This kind's store.
+    fn store(cache: &NsCache) -> &Store<Self>;
+}
+
+macro_rules! cached {
+    ($($kind:ty => $field:ident),* $(,)?) => {
+        $(impl Cached for $kind {
+            fn store(cache: &NsCache) -> &Store<Self> {
+                &cache.$field
+            }
+        })*
+    };
+}
+cached!(
+    Pod => pods,
+    StatefulSet => statefulsets,
+    Deployment => deployments,
+    PersistentVolumeClaim => claims,
+    Service => services,
+    NetworkPolicy => network_policies,
+    PodDisruptionBudget => pdbs,
+);
+
+struct Namespace {
+    cache: NsCache,
+    handles: Vec<JoinHandle<()>>,
+}
+
+/// Fleet index (UID → fleet) and the watches and caches of each namespace.
 pub struct Watches {
     client: Client,
     trigger: UnboundedSender<ObjectRef<CelldFleet>>,
     fleets: FleetIndex,
-    namespaces: Mutex<HashMap<String, Vec<JoinHandle<()>>>>,
+    namespaces: Mutex<HashMap<String, Namespace>>,
+    /// Cluster-wide stores, started with the first namespace.
+    cluster: Mutex<Option<ClusterStores>>,
+}
+
+#[derive(Clone)]
+struct ClusterStores {
+    storage_classes: Store<StorageClass>,
+    reservations: Store<CelldStorageReservation>,
 }
 
 impl Watches {
@@ -47,6 +180,7 @@ impl Watches {
             trigger,
             fleets: Arc::default(),
             namespaces: Mutex::default(),
+            cluster: Mutex::default(),
         }
     }
 
@@ -61,18 +195,60 @@ impl Watches {
         if namespaces.contains_key(ns) {
             return;
         }
-        let handles = vec![
-            self.spawn::<Pod>(ns),
-            self.spawn::<StatefulSet>(ns),
-            self.spawn::<Deployment>(ns),
-            self.spawn::<ReplicaSet>(ns),
-            self.spawn::<PersistentVolumeClaim>(ns),
-            self.spawn::<Service>(ns),
-            self.spawn::<NetworkPolicy>(ns),
-            self.spawn::<PodDisruptionBudget>(ns),
-        ];
+        let Some(cluster) = self.cluster_stores() else {
+            return;
+        };
+        let mut handles = Vec::new();
+        let cache = NsCache {
+            pods: self.reflect::<Pod>(ns, &mut handles),
+            statefulsets: self.reflect::<StatefulSet>(ns, &mut handles),
+            deployments: self.reflect::<Deployment>(ns, &mut handles),
+            claims: self.reflect::<PersistentVolumeClaim>(ns, &mut handles),
+            services: self.reflect::<Service>(ns, &mut handles),
+            network_policies: self.reflect::<NetworkPolicy>(ns, &mut handles),
+            pdbs: self.reflect::<PodDisruptionBudget>(ns, &mut handles),
+            service_accounts: self.service_accounts(ns, &mut handles),
+            storage_classes: cluster.storage_classes,
+            reservations: cluster.reservations,
+        };
+        handles.push(self.metadata_only::<ReplicaSet>(ns));
         tracing::debug!(namespace = ns, "started the namespace's watches");
-        namespaces.insert(ns.to_string(), handles);
+        namespaces.insert(ns.to_string(), Namespace { cache, handles });
+    }
+
+    /// The namespace's caches, once every store has completed its first list.
+    pub fn cache(&self, ns: &str) -> Option<NsCache> {
+        let namespaces = self.namespaces.lock().ok()?;
+        let cache = &namespaces.get(ns)?.cache;
+        cache.ready().then(|| cache.clone())
+    }
+
+    /// Objects cached in every namespace.
+    pub fn cached_objects(&self) -> usize {
+        self.namespaces
+            .lock()
+            .map(|n| n.values().map(|n| n.cache.len()).sum())
+            .unwrap_or(0)
+    }
+
+    /// Waits (at most `limit`) until every watched namespace's stores have their first
+    /// list, so the first reconciles after a start can run from the caches.
+    pub async fn wait_ready(&self, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let all = self
+                .namespaces
+                .lock()
+                .map(|n| n.values().all(|n| n.cache.ready()))
+                .unwrap_or(true);
+            if all {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Forgets a fleet that is gone; the namespace's watches stop with its last fleet.
@@ -87,8 +263,8 @@ impl Watches {
         if still_used {
             return;
         }
-        if let Some(handles) = self.namespaces.lock().ok().and_then(|mut n| n.remove(ns)) {
-            for h in handles {
+        if let Some(gone) = self.namespaces.lock().ok().and_then(|mut n| n.remove(ns)) {
+            for h in gone.handles {
                 h.abort();
             }
             tracing::debug!(namespace = ns, "stopped the namespace's watches");
@@ -103,28 +279,113 @@ impl Watches {
             .unwrap_or_default()
     }
 
-    fn spawn<K>(&self, ns: &str) -> JoinHandle<()>
+    /// The cluster-wide stores (StorageClasses, reservations), started on first use and
+    /// kept for the life of the process (one watch each; nothing they hold triggers).
+    fn cluster_stores(&self) -> Option<ClusterStores> {
+        let mut cluster = self.cluster.lock().ok()?;
+        if let Some(c) = cluster.as_ref() {
+            return Some(c.clone());
+        }
+        fn cluster_store<K>(client: &Client) -> Store<K>
+        where
+            K: Resource<DynamicType = ()>
+                + Clone
+                + DeserializeOwned
+                + Debug
+                + Send
+                + Sync
+                + 'static,
+        {
+            let (reader, writer) = reflector::store();
+            let events = watcher(Api::<K>::all(client.clone()), watch_config())
+                .default_backoff()
+                .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+                .reflect(writer)
+                .touched_objects();
+            let kind = K::kind(&()).to_string();
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(events);
+                while let Some(e) = events.next().await {
+                    if let Err(e) = e {
+                        tracing::debug!(kind, error = %e, "watch failed; retrying with backoff");
+                    }
+                }
+            });
+            reader
+        }
+        let stores = ClusterStores {
+            storage_classes: cluster_store(&self.client),
+            reservations: cluster_store(&self.client),
+        };
+        *cluster = Some(stores.clone());
+        Some(stores)
+    }
+
+    /// The namespace's ServiceAccounts, metadata only (they carry no fleet label).
+    fn service_accounts(
+        &self,
+        ns: &str,
+        handles: &mut Vec<JoinHandle<()>>,
+    ) -> Store<PartialObjectMeta<ServiceAccount>> {
+        let api: Api<PartialObjectMeta<ServiceAccount>> = Api::namespaced(self.client.clone(), ns);
+        let (reader, writer) = reflector::store();
+        let events = watcher(api, watch_config())
+            .default_backoff()
+            .modify(|o: &mut PartialObjectMeta<ServiceAccount>| o.metadata.managed_fields = None)
+            .reflect(writer);
+        let ns = ns.to_string();
+        handles.push(tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            while let Some(e) = events.next().await {
+                if let Err(e) = e {
+                    tracing::debug!(namespace = %ns, kind = "ServiceAccount", error = %e, "watch failed; retrying with backoff");
+                }
+            }
+        }));
+        reader
+    }
+
+    /// A watch that feeds a store and triggers the fleet named by each touched object's label.
+    fn reflect<K: Cached>(&self, ns: &str, handles: &mut Vec<JoinHandle<()>>) -> Store<K> {
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let (reader, writer) = reflector::store();
+        let config = watch_config().labels(FLEET_UID_LABEL);
+        let events = watcher(api, config)
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        handles.push(self.forward(ns, K::kind(&()).to_string(), events));
+        reader
+    }
+
+    /// A metadata-only watch that only triggers.
+    fn metadata_only<K>(&self, ns: &str) -> JoinHandle<()>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + Debug
             + Send
             + Sync
             + 'static,
-        K::DynamicType: Default,
     {
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<PartialObjectMeta<K>> = Api::namespaced(self.client.clone(), ns);
+        let config = watch_config().labels(FLEET_UID_LABEL);
+        let events = watcher(api, config).default_backoff().touched_objects();
+        self.forward(ns, K::kind(&()).to_string(), events)
+    }
+
+    fn forward<O, S>(&self, ns: &str, kind: String, events: S) -> JoinHandle<()>
+    where
+        O: Resource,
+        S: futures::Stream<Item = Result<O, watcher::Error>> + Send + 'static,
+    {
         let fleets = self.fleets.clone();
         let trigger = self.trigger.clone();
         let ns = ns.to_string();
         tokio::spawn(async move {
-            let kind = K::kind(&K::DynamicType::default()).to_string();
-            let config = watcher::Config::default().labels(FLEET_UID_LABEL);
-            let mut events = watcher(api, config)
-                .default_backoff()
-                .touched_objects()
-                .boxed();
+            let mut events = std::pin::pin!(events);
             while let Some(event) = events.next().await {
                 match event {
                     Ok(obj) => {

@@ -63,7 +63,7 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
         run.append(op.id, body).await?;
     }
     let sts = uses_statefulset(&run.fleet.spec);
-    let client = run.ctx.client.clone();
+    let client = run.client.clone();
     let op = match open_op(run) {
         Some(op) => op,
         None => {
@@ -266,7 +266,7 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let api: Api<K> = Api::namespaced(run.ctx.client.clone(), &run.ns);
+    let api: Api<K> = Api::namespaced(run.client.clone(), &run.ns);
     if let Some(obj) = api.get_opt(name).await.ctx(|| format!("reading {name}"))? {
         if owned(&obj, &run.uid) && obj.meta().deletion_timestamp.is_none() {
             match api.delete(name, &preconditions(&obj)).await {

@@ -11,7 +11,7 @@ use journal::{
     CancelReason, Canceled, Completed, CompletedOutcome, Effect, EntryBody, Intent, Issued,
     MarkerCheck, Observed, OperationId, OperationKind, PersonAction, Phase, Step, Target,
 };
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
@@ -505,7 +505,7 @@ pub(crate) async fn fence_workload(
     }
     live.set_fence(&format!("{id}/fenced"));
     run.ctx.check_lease();
-    match workload::replace(&run.ctx.client, &run.ns, &live).await {
+    match workload::replace(&run.client, &run.ns, &live).await {
         Ok(_) => {
             tracing::info!(fleet = %run.name, op = %id, "fenced the workload before closing the operation");
             Ok(Fence::Fenced)
@@ -604,7 +604,7 @@ async fn fence_before_abandon(run: &mut Run<'_>, op: &OpenOp) -> Result<bool, Er
         let Some(t) = op.intent.targets.first() else {
             return Ok(true);
         };
-        let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+        let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
         let uid = t.pod_uid.as_deref();
         if !o.has_effect(&Step::Pod) {
             // A hold in place but not recorded is released as an orphan once abandoned.
@@ -653,7 +653,7 @@ async fn close_unissued(
 
 /// Issues the operation's single workload step with the guarded write.
 async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
-    let client = run.ctx.client.clone();
+    let client = run.client.clone();
     let sts = uses_statefulset(&run.fleet.spec);
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
@@ -878,7 +878,7 @@ async fn victim_unchanged(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), Strin
     let Some(target) = op.intent.targets.first() else {
         return Ok(Ok(()));
     };
-    let pod = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns)
+    let pod = Api::<Pod>::namespaced(run.client.clone(), &run.ns)
         .get_opt(&target.pod)
         .await
         .ctx(|| format!("reading member {}", target.pod))?;
@@ -895,10 +895,7 @@ async fn victim_unchanged(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), Strin
 
 /// Whether the operation's target is reached; `Err(what we wait for)` otherwise.
 async fn target_reached(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
-    let sts = uses_statefulset(&run.fleet.spec);
-    let live = workload::get(&run.ctx.client, &run.ns, &run.name, sts)
-        .await
-        .ctx(|| "reading the workload".into())?;
+    let live = run.workload().await?;
     let Some(live) = live else {
         return Ok(Err("the workload is gone".into()));
     };
@@ -967,10 +964,8 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
         ));
     };
     let sts = uses_statefulset(&spec);
-    let client = run.ctx.client.clone();
-    let live = workload::get(&client, &run.ns, &run.name, sts)
-        .await
-        .ctx(|| "reading the workload".into())?;
+    let client = run.client.clone();
+    let live = run.workload().await?;
     if let Some(w) = &live {
         if !w.owned_by(&run.uid) {
             let kind = if sts { "StatefulSet" } else { "Deployment" };
@@ -1067,10 +1062,9 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
     let highest_never_placed = match &live {
         Some(w) if sts && w.replicas() > 0 => {
             let ordinal = w.replicas() - 1;
-            let pod = Api::<Pod>::namespaced(client.clone(), &run.ns)
-                .get_opt(&format!("{}-{ordinal}", run.name))
-                .await
-                .ctx(|| "reading the highest member".into())?;
+            let pod = run
+                .get_opt::<Pod>(&format!("{}-{ordinal}", run.name))
+                .await?;
             let unscheduled = pod.as_ref().is_some_and(|p| {
                 p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none()
                     && p.status
@@ -1081,10 +1075,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                                 .any(|c| c.type_ == "PodScheduled" && c.status == "False")
                         })
             });
-            let claim = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &run.ns)
-                .get_opt(&claim_name(&run.name, ordinal))
-                .await
-                .ctx(|| "reading the highest member's claim".into())?;
+            let claim = run.claim_at(ordinal).await?;
             let claim_unbound = claim.as_ref().is_none_or(|c| {
                 c.status
                     .as_ref()

@@ -256,7 +256,7 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             reason = "ForeignOperator",
             "blocked: {message}"
         );
-        if let Some(recorder) = &run.ctx.recorder {
+        if let Some(recorder) = run.recorder() {
             let event = Event {
                 type_: EventType::Warning,
                 reason: "ForeignOperator".into(),

@@ -379,15 +379,13 @@ pub fn evaluate(slots: &[Slot], now: DateTime<Utc>, t: &Timings, persistent: boo
 
 /// Fresh reads of every member slot `0..replicas` (Pod and claim by name).
 pub(crate) async fn slots(run: &Run<'_>, replicas: i32) -> Result<Vec<Slot>, Error> {
-    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
     let persistent = run.fleet.spec.profile == crate::api::Profile::PersistentFleet;
     let mut out = Vec::new();
     for i in 0..replicas.max(0) {
         let name = format!("{}-{i}", run.name);
-        let pod = pods
-            .get_opt(&name)
-            .await
-            .ctx(|| format!("reading member {name}"))?
+        let pod = run
+            .get_opt::<Pod>(&name)
+            .await?
             .filter(|p| super::owned(p, &run.uid) || owned_by_sts(p, &run.name));
         let claim = if persistent {
             run.claim_at(i).await?
@@ -422,7 +420,7 @@ pub(crate) async fn force_delete_stuck(run: &Run<'_>) -> Result<(), Error> {
     }
     let margin = dur(run.ctx.healing.termination_margin);
     let now = Utc::now();
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     for listed in run.pods().await? {
         let Some(deadline) = listed.metadata.deletion_timestamp.as_ref().map(ts) else {
             continue;

@@ -168,7 +168,7 @@ pub(crate) fn load(ctx: &Ctx, fleet: &CelldFleet) -> Result<Journal, Report> {
 }
 
 async fn event(ctx: &Ctx, fleet: &CelldFleet, type_: EventType, reason: &str, note: String) {
-    let Some(recorder) = &ctx.recorder else {
+    let Some(recorder) = crate::pass::recorder(&ctx.recorder) else {
         return;
     };
     let event = Event {

@@ -87,6 +87,12 @@ pub struct Ctx {
     pub announced: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Fleet UID → the other installations last reported with a `ForeignOperator` Event.
     pub foreign_reported: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// `--test-fresh-reads`: no cached pass; every reconcile reads fresh (the design before
+    /// the caches, kept to measure the two side by side).
+    pub fresh_reads: bool,
+    /// Fleet UIDs reconciled by this process (a gauge: start-up is done when it reaches the
+    /// fleet count).
+    pub reconciled: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Ctx {
@@ -136,6 +142,10 @@ pub enum Error {
     /// The journal annotation could not be read.
     #[error("the journal annotation is invalid: {0}")]
     Journal(#[from] journal::LoadError),
+    /// A cached pass cannot go on from the caches (`crate::pass`); never reported: the
+    /// reconcile runs again from fresh reads.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl Error {
@@ -151,7 +161,7 @@ impl Error {
                 source: kube::Error::Api(s),
                 ..
             } if s.code == 403 => "Forbidden",
-            Error::Kube { .. } => "ApiError",
+            Error::Kube { .. } | Error::Refused(_) => "ApiError",
             Error::Append(journal_store::AppendError::Conflict(_)) => "Conflict",
             Error::Append(_) => "JournalAppendFailed",
             Error::Journal(_) => "JournalInvalid",
@@ -185,6 +195,11 @@ impl<T> KubeContext<T> for Result<T, kube::Error> {
 /// What one reconcile saw and holds: the fleet as last written and its journal.
 pub(crate) struct Run<'a> {
     pub ctx: &'a Ctx,
+    /// This pass's client: the operator's, or in a cached pass one that sends nothing
+    /// (`crate::pass`).
+    pub client: Client,
+    /// The namespace's watch-fed stores in a cached pass; `None` in a fresh pass.
+    pub cache: Option<crate::watches::NsCache>,
     pub api: Api<CelldFleet>,
     pub fleet: CelldFleet,
     pub journal: Journal,
@@ -202,8 +217,145 @@ pub(crate) struct Run<'a> {
 impl Run<'_> {
     /// The boundary just before an effect: lease check, then the `before-effect` failpoint.
     pub fn before_effect(&self) {
+        if let Some(esc) = crate::pass::cached() {
+            esc.escalate(|| "an effect".into());
+            return;
+        }
         self.ctx.check_lease();
         crate::failpoint::reach("before-effect");
+    }
+
+    /// A cached pass (reads from the stores, sends nothing).
+    pub fn is_cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// Ends a cached pass's use of something it cannot do from the caches (a member's
+    /// `/state`, a local write): records `cause`; `true` when this is a cached pass.
+    pub fn escalate(&self, cause: impl FnOnce() -> String) -> bool {
+        match crate::pass::cached() {
+            Some(esc) => {
+                esc.escalate(cause);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The Event recorder (`None` in a cached pass, which then escalates).
+    pub fn recorder(&self) -> Option<&kube::runtime::events::Recorder> {
+        crate::pass::recorder(&self.ctx.recorder)
+    }
+
+    /// `<ns>/<name>` of kind `K`: from the cache in a cached pass when it holds it (a miss
+    /// may be a foreign, unlabelled object, so it is asked of the API server, which a
+    /// cached pass refuses), else a fresh GET.
+    pub async fn get_opt<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
+        if let Some(cache) = &self.cache {
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+            if let Some(obj) = K::store(cache).get(&key) {
+                return Ok(Some((*obj).clone()));
+            }
+        }
+        Api::<K>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .ctx(|| format!("reading {} {name}", K::kind(&())))
+    }
+
+    /// Whether ServiceAccount `name` exists in the fleet's namespace: from the cache in a
+    /// cached pass when it holds it, else a fresh GET.
+    pub async fn service_account_exists(&self, name: &str) -> Result<bool, Error> {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        if let Some(cache) = &self.cache {
+            let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
+            if cache.service_accounts.get(&key).is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(
+            Api::<ServiceAccount>::namespaced(self.client.clone(), &self.ns)
+                .get_opt(name)
+                .await
+                .ctx(|| "get serviceaccounts".into())?
+                .is_some(),
+        )
+    }
+
+    /// StorageClass `name`: from the cache in a cached pass when it holds it, else a fresh GET.
+    pub async fn storage_class(
+        &self,
+        name: &str,
+    ) -> Result<Option<k8s_openapi::api::storage::v1::StorageClass>, Error> {
+        use k8s_openapi::api::storage::v1::StorageClass;
+        if let Some(cache) = &self.cache {
+            if let Some(sc) = cache
+                .storage_classes
+                .get(&kube::runtime::reflector::ObjectRef::new(name))
+            {
+                return Ok(Some((*sc).clone()));
+            }
+        }
+        Api::<StorageClass>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .ctx(|| "get storageclasses".into())
+    }
+
+    /// Reservation `name`: from the cache in a cached pass when it holds it, else a fresh GET.
+    pub async fn reservation(
+        &self,
+        name: &str,
+    ) -> Result<Option<crate::api::CelldStorageReservation>, Error> {
+        if let Some(cache) = &self.cache {
+            if let Some(r) = cache
+                .reservations
+                .get(&kube::runtime::reflector::ObjectRef::new(name))
+            {
+                return Ok(Some((*r).clone()));
+            }
+        }
+        Api::<crate::api::CelldStorageReservation>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .ctx(|| format!("reading reservation {name}"))
+    }
+
+    /// Objects of kind `K` with this fleet's label: from the cache in a cached pass, else a
+    /// fresh list.
+    pub async fn labelled<K: crate::watches::Cached>(&self) -> Result<Vec<K>, Error> {
+        self.labelled_by(FLEET_UID_LABEL).await
+    }
+
+    /// Objects of kind `K` whose label `key` is this fleet's UID: from the cache in a cached
+    /// pass (which holds objects with the fleet label: every member Pod carries it from its
+    /// template), else a fresh list.
+    pub async fn labelled_by<K: crate::watches::Cached>(&self, key: &str) -> Result<Vec<K>, Error> {
+        if let Some(cache) = &self.cache {
+            let mut found: Vec<K> = K::store(cache)
+                .state()
+                .into_iter()
+                .filter(|o| {
+                    o.meta().namespace.as_deref() == Some(self.ns.as_str())
+                        && o.meta()
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(key))
+                            .map(String::as_str)
+                            == Some(self.uid.as_str())
+                })
+                .map(|o| (*o).clone())
+                .collect();
+            // The API server lists by name; so does the cache, so both passes see one order.
+            found.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+            return Ok(found);
+        }
+        let lp = ListParams::default().labels(&format!("{key}={}", self.uid));
+        Ok(Api::<K>::namespaced(self.client.clone(), &self.ns)
+            .list(&lp)
+            .await
+            .ctx(|| format!("listing {}s", K::kind(&())))?
+            .items)
     }
 
     /// Before deciding an effect: the mirror must hold every entry the annotation holds (a
@@ -213,6 +365,24 @@ impl Run<'_> {
         let Some(mirror) = &self.ctx.mirror else {
             return Ok(());
         };
+        if self.is_cached() {
+            // A cached pass writes nothing, the mirror included: a mirror that is not at
+            // the cached journal's seq is caught up (or found ahead: the cache lags behind
+            // this process's own append) by the fresh pass.
+            let seq = self.journal.document().seq();
+            let head = mirror
+                .head(self.journal.fleet_uid())
+                .ok()
+                .flatten()
+                .map(|(s, _)| s);
+            if seq != 0 && head != Some(seq) {
+                self.escalate(|| "journal mirror not at the cached seq".into());
+                return Err(Error::Refused(
+                    "the journal mirror is not at the cached seq".into(),
+                ));
+            }
+            return Ok(());
+        }
         let signals = journal_store::ensure_mirrored(mirror, &self.journal)
             .map_err(|e| Error::Append(journal_store::AppendError::Mirror(e)))?;
         self.publish_signals(&signals).await;
@@ -224,7 +394,7 @@ impl Run<'_> {
         use kube::runtime::events::{Event, EventType};
         for signal in signals {
             tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason = signal.event_reason(), "{}", signal.message());
-            let Some(recorder) = &self.ctx.recorder else {
+            let Some(recorder) = self.recorder() else {
                 continue;
             };
             let event = Event {
@@ -310,7 +480,7 @@ impl Run<'_> {
     /// retried into a second journal write.
     async fn publish(&self, entry: &Entry) {
         use kube::runtime::events::{Event, EventType};
-        let Some(recorder) = &self.ctx.recorder else {
+        let Some(recorder) = self.recorder() else {
             return;
         };
         let kind = entry.entry_type();
@@ -346,7 +516,7 @@ impl Run<'_> {
     pub async fn member_event(&self, reason: &str, note: String, pod: &Pod) {
         use kube::runtime::events::{Event, EventType};
         tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason, "{note}");
-        let Some(recorder) = &self.ctx.recorder else {
+        let Some(recorder) = self.recorder() else {
             return;
         };
         let event = Event {
@@ -383,19 +553,27 @@ impl Run<'_> {
                 .as_ref()
                 .and_then(|s| s.terminated.as_ref())
                 .is_some_and(|t| t.exit_code == 3);
-            let previous = self
-                .ctx
-                .restart_baseline
-                .lock()
-                .ok()
-                .and_then(|mut b| b.insert(uid, c.restart_count));
-            let rose = previous.is_some_and(|p| c.restart_count > p);
-            if !(exit3 && rose) {
+            // A cached pass leaves a rise it would report to the fresh pass (which reports
+            // it and moves the baseline); any other count is the same fact in both passes.
+            let (rose, handed_over) = match self.ctx.restart_baseline.lock() {
+                Ok(mut baseline) => {
+                    let rose = baseline.get(&uid).is_some_and(|p| c.restart_count > *p);
+                    let handed_over = exit3
+                        && rose
+                        && self.escalate(|| "create events (MemberSelfFenced)".into());
+                    if !handed_over {
+                        baseline.insert(uid, c.restart_count);
+                    }
+                    (rose, handed_over)
+                }
+                Err(_) => continue,
+            };
+            if handed_over || !(exit3 && rose) {
                 continue;
             }
             let name = pod.metadata.name.clone().unwrap_or_default();
             tracing::warn!(member = %name, restarts = c.restart_count, "member self-fenced (exit code 3)");
-            if let Some(recorder) = &self.ctx.recorder {
+            if let Some(recorder) = self.recorder() {
                 let event = Event {
                     type_: EventType::Warning,
                     reason: "MemberSelfFenced".into(),
@@ -413,48 +591,34 @@ impl Run<'_> {
         }
     }
 
-    /// The fleet's workload (fresh GET, of the kind the spec uses).
+    /// The fleet's workload, of the kind the spec uses ([`Run::get_opt`]).
     pub async fn workload(&self) -> Result<Option<workload::LiveWorkload>, Error> {
-        workload::get(
-            &self.ctx.client,
-            &self.ns,
-            &self.name,
-            crate::render::uses_statefulset(&self.fleet.spec),
-        )
-        .await
-        .ctx(|| "reading the workload".into())
+        Ok(if crate::render::uses_statefulset(&self.fleet.spec) {
+            self.get_opt::<k8s_openapi::api::apps::v1::StatefulSet>(&self.name)
+                .await?
+                .map(|s| workload::LiveWorkload::StatefulSet(Box::new(s)))
+        } else {
+            self.get_opt::<k8s_openapi::api::apps::v1::Deployment>(&self.name)
+                .await?
+                .map(|d| workload::LiveWorkload::Deployment(Box::new(d)))
+        })
     }
 
-    /// The claim at member `ordinal`'s name (fresh GET): a foreign claim has no fleet label,
-    /// so no labelled list would see it.
+    /// The claim at member `ordinal`'s name ([`Run::get_opt`]): a foreign claim has no fleet
+    /// label, so no labelled list would see it.
     pub async fn claim_at(&self, ordinal: i32) -> Result<Option<PersistentVolumeClaim>, Error> {
-        let name = crate::render::claim_name(&self.name, ordinal);
-        Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), &self.ns)
-            .get_opt(&name)
+        self.get_opt(&crate::render::claim_name(&self.name, ordinal))
             .await
-            .ctx(|| format!("reading claim {name}"))
     }
 
-    /// Pods with the fleet label (fresh list).
+    /// Pods with the fleet label ([`Run::labelled`]).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
-        let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
-        Ok(Api::<Pod>::namespaced(self.ctx.client.clone(), &self.ns)
-            .list(&lp)
-            .await
-            .ctx(|| "listing Pods".into())?
-            .items)
+        self.labelled().await
     }
 
-    /// Claims with the fleet label (fresh list).
+    /// Claims with the fleet label ([`Run::labelled`]).
     pub async fn claims(&self) -> Result<Vec<PersistentVolumeClaim>, Error> {
-        let lp = ListParams::default().labels(&format!("{FLEET_UID_LABEL}={}", self.uid));
-        Ok(
-            Api::<PersistentVolumeClaim>::namespaced(self.ctx.client.clone(), &self.ns)
-                .list(&lp)
-                .await
-                .ctx(|| "listing claims".into())?
-                .items,
-        )
+        self.labelled().await
     }
 }
 
@@ -484,15 +648,75 @@ pub enum Next {
     After(Duration),
 }
 
-/// Reconciles one fleet; returns when to look again.
-pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
-    let api: Api<CelldFleet> = Api::namespaced(ctx.client.clone(), ns);
-    // Fresh read: appends are compare-and-swaps on the newest resourceVersion.
-    let Some(fleet) = api
-        .get_opt(name)
-        .await
-        .ctx(|| format!("reading fleet {ns}/{name}"))?
-    else {
+/// Which pass ran a reconcile (`crate::pass`), for metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassKind {
+    /// Ended in the cached pass: zero requests.
+    Cached,
+    /// Ran from fresh reads (after an escalated cached pass, or without one).
+    Fresh,
+}
+
+/// Reconciles one fleet; returns when to look again and which pass decided it.
+/// `cached` is the controller's copy of the fleet: with it, and with the namespace's caches
+/// ready, the reconcile first runs as a cached pass (`crate::pass`) and only escalates to a
+/// fresh pass when that one needs a request.
+pub async fn reconcile(
+    ns: &str,
+    name: &str,
+    ctx: &Ctx,
+    cached: Option<&CelldFleet>,
+) -> (Result<Next, Error>, PassKind) {
+    let cache = match (cached, &ctx.watches) {
+        (Some(_), Some(w)) if !ctx.fresh_reads => w.cache(ns),
+        _ => None,
+    };
+    if let (Some(fleet), Some(cache)) = (cached, cache) {
+        let esc = std::sync::Arc::new(crate::pass::Escalation::default());
+        let pass = Pass {
+            client: crate::pass::refusing_client(esc.clone()),
+            cache: Some(cache),
+            fleet: Some(fleet.clone()),
+        };
+        let result = crate::pass::scope(esc.clone(), reconcile_pass(ns, name, ctx, pass)).await;
+        match esc.cause() {
+            None => return (result, PassKind::Cached),
+            Some(cause) => {
+                tracing::debug!(fleet = %format!("{ns}/{name}"), cause, "cached pass escalated");
+                ctx.metrics.escalated(&cause);
+            }
+        }
+    } else if cached.is_some() && ctx.watches.is_some() && !ctx.fresh_reads {
+        ctx.metrics.escalated("caches not ready");
+    }
+    let pass = Pass {
+        client: ctx.client.clone(),
+        cache: None,
+        fleet: None,
+    };
+    (reconcile_pass(ns, name, ctx, pass).await, PassKind::Fresh)
+}
+
+/// What one pass reads with.
+struct Pass {
+    client: Client,
+    cache: Option<crate::watches::NsCache>,
+    /// The fleet as cached (a cached pass); `None`: read fresh.
+    fleet: Option<CelldFleet>,
+}
+
+async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<Next, Error> {
+    let api: Api<CelldFleet> = Api::namespaced(pass.client.clone(), ns);
+    // Fresh read (in a fresh pass): appends are compare-and-swaps on the newest
+    // resourceVersion; a cached pass appends nothing.
+    let fleet = match pass.fleet {
+        Some(f) => Some(f),
+        None => api
+            .get_opt(name)
+            .await
+            .ctx(|| format!("reading fleet {ns}/{name}"))?,
+    };
+    let Some(fleet) = fleet else {
         // Gone: its metric series go with it.
         ctx.metrics.forget_fleet(&crate::metrics::FleetLabels {
             namespace: ns.to_string(),
@@ -519,6 +743,8 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     };
     let mut run = Run {
         ctx,
+        client: pass.client,
+        cache: pass.cache,
         api,
         fleet,
         journal,
@@ -579,11 +805,7 @@ pub async fn reconcile(ns: &str, name: &str, ctx: &Ctx) -> Result<Next, Error> {
     let (live, pods) = if report.reason == reasons::NAMESPACE_ACCESS_DENIED.name {
         (None, Vec::new())
     } else {
-        let sts = crate::render::uses_statefulset(&run.fleet.spec);
-        let live = workload::get(&ctx.client, &run.ns, &run.name, sts)
-            .await
-            .ctx(|| "reading the workload".into())?;
-        (live, run.pods().await?)
+        (run.workload().await?, run.pods().await?)
     };
     let (status, persisted) = status::write(
         &run.api,

@@ -182,7 +182,7 @@ async fn fence_member(run: &Run<'_>, o: &journal::Operation) -> Result<bool, Err
     let Some(t) = o.intent().targets.first() else {
         return Ok(true);
     };
-    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let id = o.id();
     let fence =
         super::drive::fence_object(run, &pods, &t.pod, t.pod_uid.as_deref(), id, false, |p| {
@@ -248,7 +248,7 @@ pub(crate) async fn open(
     pod_name: Option<String>,
 ) -> Result<Report, Error> {
     let name = pod_name.unwrap_or_else(|| format!("{}-{ordinal}", run.name));
-    let Some(pod) = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns)
+    let Some(pod) = Api::<Pod>::namespaced(run.client.clone(), &run.ns)
         .get_opt(&name)
         .await
         .ctx(|| format!("reading member {name}"))?
@@ -319,7 +319,7 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
     // deadline rule for Intent could apply.
     if !open.issued && !simple(&open.intent) {
         if let Some(t) = open.intent.targets.first() {
-            let landed = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns)
+            let landed = Api::<Pod>::namespaced(run.client.clone(), &run.ns)
                 .get_opt(&t.pod)
                 .await
                 .ctx(|| format!("reading member {}", t.pod))?
@@ -377,7 +377,7 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
     let Some(t) = intent.targets.first().cloned() else {
         return refuse(run, o.id(), "the Intent names no member".into()).await;
     };
-    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let is_simple = simple(&intent);
     if !is_simple && !o.has_effect(&Step::Hold) {
         return hold(run, &o, &t).await;
@@ -484,7 +484,7 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
 
 /// Step 1: the hold (finalizer, label, annotation) on the member Pod, with its read RV.
 async fn hold(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<Report, Error> {
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let pod = api
         .get_opt(&t.pod)
         .await
@@ -585,7 +585,7 @@ async fn write_pod(
 ) -> Result<Report, Error> {
     let name = pod.name_any();
     let decided = pod.resource_version();
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     run.before_effect();
     let written = match api.replace(&name, &PostParams::default(), &pod).await {
         Ok(p) => p,
@@ -616,7 +616,7 @@ async fn trigger_holds(
     let reason = o.intent().reason.clone().unwrap_or_default();
     let claim = || async {
         match &t.claim {
-            Some(name) => Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns)
+            Some(name) => Api::<PersistentVolumeClaim>::namespaced(run.client.clone(), &run.ns)
                 .get_opt(name)
                 .await
                 .ctx(|| format!("reading claim {name}")),
@@ -678,7 +678,7 @@ async fn delete_pod(
     t: &Target,
     is_simple: bool,
 ) -> Result<Report, Error> {
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let pod = api
         .get_opt(&t.pod)
         .await
@@ -790,7 +790,7 @@ async fn delete_pod(
 
 /// Step 3: `committed: true` on the terminating, held Pod.
 async fn commit(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<Report, Error> {
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let pod = api
         .get_opt(&t.pod)
         .await
@@ -855,7 +855,7 @@ async fn retire(
     if o.has_effect(&Step::Retire(name.clone())) {
         return Ok(None);
     }
-    let api = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<PersistentVolumeClaim>::namespaced(run.client.clone(), &run.ns);
     let claim = api
         .get_opt(&name)
         .await
@@ -947,7 +947,7 @@ fn without_hold(mut pod: Pod) -> Pod {
 /// Step 5: the hold removed; the Pod and (when retired) the claim go, and the StatefulSet
 /// recreates the member on a fresh claim.
 async fn release(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Result<Report, Error> {
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let pod = api
         .get_opt(&t.pod)
         .await
@@ -996,14 +996,10 @@ async fn release(run: &mut Run<'_>, o: &journal::Operation, t: &Target) -> Resul
 /// other orphan is recorded and released (the member restarts on its retained disk), so a
 /// hold never strands a member.
 pub(crate) async fn resolve_holds(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
-    let lp =
-        kube::api::ListParams::default().labels(&format!("{REPLACEMENT_FLEET_LABEL}={}", run.uid));
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
-    let held: Vec<Pod> = api
-        .list(&lp)
-        .await
-        .ctx(|| "listing held Pods".into())?
-        .items
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
+    let held: Vec<Pod> = run
+        .labelled_by::<Pod>(REPLACEMENT_FLEET_LABEL)
+        .await?
         .into_iter()
         .filter(holds_finalizer)
         .collect();
@@ -1108,7 +1104,7 @@ async fn adopt(run: &mut Run<'_>, pod: &Pod, h: Hold) -> Result<Report, Error> {
     };
     run.append(id, EntryBody::Intent(intent)).await?;
     // The adopted hold names the new operation, so it is driven from here on.
-    let api = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let mut p = pod.clone();
     let mut h2 = h;
     h2.operation_id = Some(id.to_string());

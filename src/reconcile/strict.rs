@@ -374,7 +374,7 @@ fn named_by_pod_name(run: &Run<'_>) -> bool {
 
 /// Fresh reads of every target (≤ 8 in flight), with their reference identities.
 async fn read_targets(run: &Run<'_>, o: &Operation) -> Vec<(Target, Seen)> {
-    let client = run.ctx.client.clone();
+    let client = run.client.clone();
     let ns = run.ns.clone();
     let by_pod_name = named_by_pod_name(run);
     let refs: Vec<Target> = o
@@ -719,13 +719,8 @@ async fn ask(
             Posted::Accepted(_) => true,
             Posted::Conflict | Posted::Unknown(_) => {
                 // 409 or no answer: `/state` decides (our id at our generation is a 202).
-                let seen = read_member(
-                    run.ctx.client.clone(),
-                    run.ns.clone(),
-                    by_pod_name,
-                    t.clone(),
-                )
-                .await;
+                let seen =
+                    read_member(run.client.clone(), run.ns.clone(), by_pod_name, t.clone()).await;
                 match seen {
                     Seen::Same { state: Ok(s) } if ours(&s, &op, &generation) => true,
                     Seen::Same { state: Ok(s) } if s.operation.is_none() => {
@@ -781,7 +776,7 @@ async fn ask(
 /// `restart/<m>` after a retry of a failed removal: the member's Pod deleted with UID and
 /// resourceVersion preconditions from a fresh read; its disk is kept.
 async fn restart_member(run: &mut Run<'_>, o: &Operation, t: &Target) -> Result<(), Error> {
-    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     let Some(pod) = pods
         .get_opt(&t.pod)
         .await
@@ -889,7 +884,7 @@ async fn destroy(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     live.set_replicas(if step == Step::Stop { 0 } else { intent.to });
     live.set_marker(&marker);
     run.before_effect();
-    let written = match workload::replace(&run.ctx.client, &run.ns, &live).await {
+    let written = match workload::replace(&run.client, &run.ns, &live).await {
         Ok(w) => w,
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(progress(o, "the workload changed; deciding again"))
@@ -916,7 +911,7 @@ async fn destroy(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
 /// Step 5: every target's claim deleted with the recorded UID and resourceVersion, once, and
 /// only with a recorded proof for its member; then awaited until gone. `None` when all are gone.
 async fn retire_claims(run: &mut Run<'_>, o: &Operation) -> Result<Option<Report>, Error> {
-    let api = Api::<PersistentVolumeClaim>::namespaced(run.ctx.client.clone(), &run.ns);
+    let api = Api::<PersistentVolumeClaim>::namespaced(run.client.clone(), &run.ns);
     let op = o.id().to_string();
     let pods = run.pods().await?;
     let mut gone_waits = Vec::new();
@@ -1105,7 +1100,7 @@ async fn resume(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     live.set_replicas(intent.from);
     live.set_marker(&marker);
     run.before_effect();
-    let written = match workload::replace(&run.ctx.client, &run.ns, &live).await {
+    let written = match workload::replace(&run.client, &run.ns, &live).await {
         Ok(w) => w,
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(progress(o, "the workload changed; deciding again"))

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::ResourceExt;
 
-use super::{Error, KubeContext, Report, Run};
+use super::{Error, Report, Run};
 use crate::api::{BucketWorkload, PlacementMode, Profile};
 use crate::render::pod::BUCKET_ZONE_GATE;
 
@@ -24,14 +24,11 @@ pub async fn release(run: &Run<'_>) -> Result<Option<Report>, Error> {
     {
         return Ok(None);
     }
-    let sts_uid = match super::workload::get(&run.ctx.client, &run.ns, &run.name, true)
-        .await
-        .ctx(|| "reading the workload".into())?
-    {
+    let sts_uid = match run.workload().await? {
         Some(w) => w.meta().uid.clone(),
         None => return Ok(None),
     };
-    let pods = Api::<Pod>::namespaced(run.ctx.client.clone(), &run.ns);
+    let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
     for mut pod in run.pods().await? {
         let name = pod.name_any();
         let controlled = pod.owner_references().iter().any(|o| {

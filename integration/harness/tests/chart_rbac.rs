@@ -125,6 +125,25 @@ async fn chart_grants_exactly_what_the_operator_needs() {
     );
     let sc = api_status(&Api::<StorageClass>::all(op.clone()).get("nope").await);
     assert_eq!(sc, Some(404), "get storageclasses must be allowed");
+    // The watch-fed caches list and watch ServiceAccounts (metadata) in a fleet namespace
+    // and StorageClasses cluster-wide.
+    let cached: Vec<(&str, Option<u16>)> = vec![
+        (
+            "list serviceaccounts in a fleet namespace",
+            api_status(
+                &Api::<ServiceAccount>::namespaced(op.clone(), &listed.name)
+                    .list_metadata(&lp)
+                    .await,
+            ),
+        ),
+        (
+            "list storageclasses",
+            api_status(&Api::<StorageClass>::all(op.clone()).list(&lp).await),
+        ),
+    ];
+    for (what, status) in &cached {
+        assert_eq!(*status, None, "the operator must be allowed to {what}");
+    }
 
     // Denied: PVs, Nodes, VolumeAttachments, Secrets, namespaces not listed, claim
     // creation, cluster-wide Pods and claims, reservation updates and deletes.
