@@ -2439,3 +2439,136 @@ async fn prometheus_evaluates_every_alert_and_dashboard_query_against_the_operat
     );
     cleanup(&client, ns).await;
 }
+
+/// `celld_operator_api_requests_total` by `verb resource`, Lease requests left out, and the
+/// reconcile pass counters, from one scrape.
+fn requests_and_passes(text: &str) -> (std::collections::BTreeMap<String, u64>, u64, u64) {
+    let mut requests = std::collections::BTreeMap::new();
+    let (mut cached, mut fresh) = (0, 0);
+    for line in text.lines() {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let value: u64 = value.parse().unwrap_or(0);
+        if let Some(labels) = series.strip_prefix("celld_operator_api_requests_total{") {
+            if !labels.contains("resource=\"leases\"") {
+                requests.insert(labels.trim_end_matches('}').to_string(), value);
+            }
+        } else if series == "celld_operator_reconcile_passes_total{pass=\"cached\"}" {
+            cached = value;
+        } else if series == "celld_operator_reconcile_passes_total{pass=\"fresh\"}" {
+            fresh = value;
+        }
+    }
+    (requests, cached, fresh)
+}
+
+/// Scrapes until two scrapes 3 s apart show the same requests (Lease aside): the operator
+/// is at rest. Returns the second scrape.
+async fn at_rest() -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = scrape().await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = scrape().await;
+        if requests_and_passes(&now).0 == requests_and_passes(&last).0 {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the operator did not come to rest within 60 s:\n{now}"
+        );
+        last = now;
+    }
+}
+
+#[tokio::test]
+async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
+    let _guard = isolated().await;
+    let (_c, client, ns) = setup("rest").await;
+    let _op = Operator::start(None);
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    create_ready(
+        &api,
+        &fleet("alpha", "PersistentFleet", 2, &unique_bucket("rest")),
+        2,
+    )
+    .await;
+    let before = at_rest().await;
+    let (requests_before, cached_before, fresh_before) = requests_and_passes(&before);
+
+    // Three events that change nothing the operator acts on: two fleet annotations and a
+    // label on a member Pod (a watched object). Each triggers a reconcile.
+    for n in 0..2 {
+        api.patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"test.celld/touch": n.to_string()}}}),
+            ),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "alpha-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"test.celld/touch": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = scrape().await;
+        if requests_and_passes(&text).1 >= cached_before + 3 {
+            // Whatever else those events cause has had time to be sent.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            break scrape().await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "three idle reconciles were not decided from the caches within 30 s:\n{text}"
+        );
+    };
+    let (requests_after, cached_after, fresh_after) = requests_and_passes(&after);
+    assert_eq!(
+        requests_after, requests_before,
+        "idle reconciles sent requests (Lease aside): before {requests_before:#?} after {requests_after:#?}"
+    );
+    assert!(
+        cached_after >= cached_before + 3,
+        "{cached_before} → {cached_after}"
+    );
+    assert_eq!(
+        fresh_after, fresh_before,
+        "an idle reconcile ran a fresh pass"
+    );
+
+    // A change the operator acts on escalates to a fresh pass, which decides and writes as
+    // before: the growth completes.
+    api.patch(
+        "alpha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    ready(&api, "alpha", 3).await;
+    let text = scrape().await;
+    let (_, _, fresh_grown) = requests_and_passes(&text);
+    assert!(
+        fresh_grown > fresh_after,
+        "the growth ran no fresh pass:\n{text}"
+    );
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("celld_operator_cache_escalations_total{cause=")
+                && !l.ends_with(" 0")
+        ),
+        "no escalation was counted:\n{text}"
+    );
+    cleanup(&client, ns).await;
+}
