@@ -302,15 +302,7 @@ impl Watches {
                 .modify(|o: &mut K| o.meta_mut().managed_fields = None)
                 .reflect(writer)
                 .touched_objects();
-            let kind = K::kind(&()).to_string();
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(events);
-                while let Some(e) = events.next().await {
-                    if let Err(e) = e {
-                        tracing::debug!(kind, error = %e, "watch failed; retrying with backoff");
-                    }
-                }
-            });
+            drain(K::kind(&()).to_string(), events);
             reader
         }
         let stores = ClusterStores {
@@ -333,15 +325,7 @@ impl Watches {
             .default_backoff()
             .modify(|o: &mut PartialObjectMeta<ServiceAccount>| o.metadata.managed_fields = None)
             .reflect(writer);
-        let ns = ns.to_string();
-        handles.push(tokio::spawn(async move {
-            let mut events = std::pin::pin!(events);
-            while let Some(e) = events.next().await {
-                if let Err(e) = e {
-                    tracing::debug!(namespace = %ns, kind = "ServiceAccount", error = %e, "watch failed; retrying with backoff");
-                }
-            }
-        }));
+        handles.push(drain(format!("ServiceAccount in {ns}"), events));
         reader
     }
 
@@ -406,4 +390,20 @@ impl Watches {
             }
         })
     }
+}
+
+/// Runs a store-feeding watch that triggers nothing, logging its failures (it retries with
+/// backoff).
+fn drain<T, S>(what: String, events: S) -> JoinHandle<()>
+where
+    S: futures::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(e) = events.next().await {
+            if let Err(e) = e {
+                tracing::debug!(watch = %what, error = %e, "watch failed; retrying with backoff");
+            }
+        }
+    })
 }
