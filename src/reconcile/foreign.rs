@@ -243,11 +243,18 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
     // it, whichever of them stored the shared condition first).
     let others: Vec<String> = seen.keys().filter(|l| **l != mine).cloned().collect();
     let key = others.join(",");
+    // A cached pass that would report leaves the record to the fresh pass, which reports.
     let first = run
         .ctx
         .foreign_reported
         .lock()
-        .map(|mut r| r.insert(run.uid.clone(), key.clone()).as_deref() != Some(key.as_str()))
+        .map(|mut r| {
+            let first = r.get(&run.uid) != Some(&key);
+            if !(first && run.escalate(|| "create events (ForeignOperator)".into())) {
+                r.insert(run.uid.clone(), key.clone());
+            }
+            first
+        })
         .unwrap_or(false);
     if first {
         tracing::warn!(
