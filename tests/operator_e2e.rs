@@ -2490,8 +2490,8 @@ async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
     let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
     create_ready(
         &api,
-        &fleet("alpha", "PersistentFleet", 2, &unique_bucket("rest")),
-        2,
+        &fleet("alpha", "PersistentFleet", 3, &unique_bucket("rest")),
+        3,
     )
     .await;
     let before = at_rest().await;
@@ -2552,11 +2552,11 @@ async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
     api.patch(
         "alpha",
         &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        &Patch::Merge(json!({"spec": {"replicas": 4}})),
     )
     .await
     .unwrap();
-    ready(&api, "alpha", 3).await;
+    ready(&api, "alpha", 4).await;
     let text = scrape().await;
     let (_, _, fresh_grown) = requests_and_passes(&text);
     assert!(
