@@ -157,17 +157,18 @@ bench-journal:
 	@echo "==> journal benchmarks (criterion)"
 	$(CARGO) bench -p celld-journal
 
-## bench-operator: pod-ready → next effect latency, API requests per operation, at-rest API
-## traffic and RSS of the real operator binary, against its own control plane
-## (.work/bench-cluster, ports from 17400: the dev cluster is left alone), the test kubelet and
-## no-process members. Release builds: a debug operator's CPU time and RSS are not what ships.
-## Prints a table and writes target/bench/operator.json. BENCH_ARGS passes options
-## (e.g. BENCH_ARGS='--fleets 20 --rss-fleets 0,50 --at-rest-window 60s'; --help lists them).
+## bench-operator: pod-ready → next effect latency and API requests per operation, then the
+## scale bed (100/500/1,000 fleets of 3 members, cached vs fresh-read design: start-up, at-rest
+## traffic, RSS, CPU, reaction under load, fairness) of the real operator binary, against its own
+## control plane (.work/bench-cluster, ports from 17400: the dev cluster is left alone), the test
+## kubelet and no-process members. Release builds: a debug operator's CPU time and RSS are not
+## what ships. Prints a table and writes target/bench/operator.json. BENCH_ARGS passes options
+## (e.g. BENCH_ARGS='--skip-ops --fleets 20,50 --at-rest-window 90s'; --help lists them).
 BENCH_ARGS ?=
 bench-operator: control-plane
 	@echo "==> building celld-operator, celld-test-kubelet, celld-bench (release; a few minutes when cold)"
 	$(CARGO) build --release -p celld-operator -p celld-test-kubelet -p celld-bench
-	@echo "==> operator benchmark (~12 min with the defaults; progress on stderr)"
+	@echo "==> operator benchmark (~2 h with the defaults; progress on stderr)"
 	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
 
 ## drills: the exhaustive fault drills (`--ignored` tests of tests/operator_faults.rs, then of

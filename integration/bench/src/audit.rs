@@ -49,6 +49,12 @@ impl AuditTail {
         }
     }
 
+    /// Moves to the current end of the log without reading what was written meanwhile.
+    pub fn skip_to_end(&mut self) {
+        self.offset = std::fs::metadata(&self.path).map_or(self.offset, |m| m.len());
+        self.partial.clear();
+    }
+
     /// The operator's writes answered since the last call, by `verb resource code`
     /// (e.g. `create celldstoragereservations 409`).
     pub fn operator_writes(&mut self) -> Result<BTreeMap<String, f64>> {

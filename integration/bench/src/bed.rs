@@ -43,6 +43,8 @@ pub struct Settings {
     pub kubelet_bin: PathBuf,
     /// Test kubelet Nodes.
     pub nodes: usize,
+    /// Pod capacity of each Node (the kubelet's `--max-pods`).
+    pub max_pods: u32,
     /// Leave the control plane running at the end.
     pub keep_cluster: bool,
 }
@@ -53,8 +55,12 @@ pub struct Bed {
     pub client: Client,
     /// The operator's metrics endpoint.
     pub metrics: MetricsEndpoint,
+    /// The operator's health address (`/livez`, `/readyz`), `127.0.0.1:PORT`.
+    pub health: String,
     /// The operator.
     pub operator: Option<Operator>,
+    /// Extra flags of the running operator (a design of the scale bed).
+    operator_flags: Vec<String>,
     kubelet: Option<TestKubelet>,
     started_cluster: bool,
     settings: Settings,
@@ -111,18 +117,21 @@ impl Bed {
         // One zone: fleets of 1 member need `azCount: 1` (replicas ≥ azCount), and a fleet's
         // members are spread over Nodes of its zones only.
         opts.zones = vec![ZONE.into()];
+        opts.extra_args = vec!["--max-pods".into(), settings.max_pods.to_string()];
         let kubelet = tokio::task::spawn_blocking(move || TestKubelet::start(&opts))
             .await?
             .map_err(anyhow::Error::msg)?;
         progress(&format!(
-            "test kubelet: {} Nodes bench-{run_id}-* in zone {ZONE}, Pod IPs 127.60.0.0/16, log {}",
+            "test kubelet: {} Nodes bench-{run_id}-* in zone {ZONE} ({} Pods each at most), Pod IPs 127.60.0.0/16, log {}",
             settings.nodes,
+            settings.max_pods,
             kubelet.log.display()
         ));
 
         let metrics = MetricsEndpoint {
             addr: format!("127.0.0.1:{}", settings.port_base + 84),
         };
+        let health = format!("127.0.0.1:{}", settings.port_base + 82);
         audit::operator_kubeconfig(&cluster.admin_kubeconfig, &work.join("operator.kubeconfig"))?;
         let audit =
             std::sync::Mutex::new(AuditTail::new(&cluster.work_dir.join("audit/audit.log")));
@@ -130,7 +139,9 @@ impl Bed {
             audit,
             client,
             metrics,
+            health,
             operator: None,
+            operator_flags: Vec::new(),
             kubelet: Some(kubelet),
             started_cluster: !already,
             settings,
@@ -143,43 +154,79 @@ impl Bed {
 
     /// Starts the operator (identity `celld-bench-<run id>`) and waits until it holds the Lease.
     async fn start_operator(&mut self) -> Result<()> {
+        self.spawn_operator()?;
+        self.wait_leader(Duration::from_secs(60)).await
+    }
+
+    /// Starts the operator process with the current flags; returns when it was spawned.
+    fn spawn_operator(&mut self) -> Result<Instant> {
+        let spawned = Instant::now();
         let operator = Operator::start(
             &self.settings.operator_bin,
             &self.work.join("operator.kubeconfig"),
             &format!("celld-bench-{}", self.run_id),
             &self.work.join("operator"),
             &self.metrics.addr,
+            &self.health,
+            &self.operator_flags,
         )?;
-        let deadline = Instant::now() + Duration::from_secs(60);
+        self.operator = Some(operator);
+        Ok(spawned)
+    }
+
+    /// Waits until the running operator reports `celld_operator_leader 1`, at most `within`.
+    pub async fn wait_leader(&mut self, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
         while !self.metrics.is_leader().await {
+            self.operator
+                .as_mut()
+                .context("no operator process")?
+                .check_running()?;
             if Instant::now() > deadline {
                 bail!(
-                    "the operator did not take its Lease within 60 s; log: {}",
-                    operator.log.display()
+                    "the operator did not take its Lease within {within:?}; log: {}",
+                    self.operator().log.display()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let op = self.operator();
         progress(&format!(
-            "operator pid {} holds the Lease; metrics http://{}/metrics, log {}",
-            operator.pid,
+            "operator pid {}{} holds the Lease; metrics http://{}/metrics, log {}",
+            op.pid,
+            if self.operator_flags.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.operator_flags.join(" "))
+            },
             self.metrics.addr,
-            operator.log.display()
+            op.log.display()
         ));
-        self.operator = Some(operator);
         Ok(())
     }
 
-    /// Stops the operator and starts a fresh process (same identity and journal mirror; its
-    /// Lease is deleted so the new process takes it at once).
-    pub async fn restart_operator(&mut self) -> Result<()> {
+    /// Stops the operator, deletes its Lease and starts a fresh process (same identity and
+    /// journal mirror) with `flags` added (a design of the scale bed); returns the instant the
+    /// process was spawned, without waiting for it.
+    pub async fn restart_operator_with(&mut self, flags: Vec<String>) -> Result<Instant> {
         if let Some(op) = self.operator.take() {
             op.stop();
         }
         let _ = Api::<Lease>::namespaced(self.client.clone(), OPERATOR_NAMESPACE)
             .delete("celld-operator", &DeleteParams::default())
             .await;
-        self.start_operator().await
+        self.operator_flags = flags;
+        self.spawn_operator()
+    }
+
+    /// Skips the audit log written so far (figures after this count from here; the scale
+    /// bed's fleet creation writes far more than is worth reading).
+    pub fn audit_skip(&self) -> Result<()> {
+        self.audit
+            .lock()
+            .map_err(|_| anyhow::anyhow!("audit reader poisoned"))?
+            .skip_to_end();
+        Ok(())
     }
 
     /// The operator's writes the audit log recorded since the last call, by
@@ -284,10 +331,12 @@ async fn remove_leftovers(client: &Client) -> Result<()> {
     let namespaces = Api::<Namespace>::all(client.clone());
     let lp = ListParams::default().labels(&format!("{BENCH_LABEL}=true"));
     let found = namespaces.list(&lp).await?.items;
+    let mut fleet_count = 0u64;
     for ns in &found {
         let name = ns.name_any();
         let fleets = Api::<CelldFleet>::namespaced(client.clone(), &name);
         for f in fleets.list(&ListParams::default()).await?.items {
+            fleet_count += 1;
             if !f.finalizers().is_empty() {
                 let strip = json!({"metadata": {"finalizers": null}});
                 let _ = fleets
@@ -303,14 +352,26 @@ async fn remove_leftovers(client: &Client) -> Result<()> {
             let _ = namespaces.delete(&name, &DeleteParams::default()).await;
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(300);
+    // The namespace controller deletes every member Pod and claim (the scale bed leaves
+    // thousands): allow time in proportion.
+    let within = Duration::from_secs(300 + fleet_count / 2);
+    let started = Instant::now();
+    let mut last_report = Instant::now();
     loop {
         let left = namespaces.list(&lp).await?.items.len();
         if left == 0 {
             break;
         }
-        if Instant::now() > deadline {
-            bail!("{left} bench namespaces still exist after 300 s");
+        if started.elapsed() > within {
+            bail!("{left} bench namespaces still exist after {within:?}");
+        }
+        if last_report.elapsed() > Duration::from_secs(30) {
+            progress(&format!(
+                "removing bench namespaces: {left} of {} left after {:.0} s",
+                found.len(),
+                started.elapsed().as_secs_f64()
+            ));
+            last_report = Instant::now();
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -412,8 +473,8 @@ pub async fn wait_fleet(
 }
 
 /// The operator under test: `celld-operator run --local-test --network-policy-enforced` with
-/// JSON logs at `info` (as deployed; debug logging would tax the figures), metrics on, health
-/// off, its own journal mirror.
+/// JSON logs at `info` (as deployed; debug logging would tax the figures), metrics and health
+/// on loopback, its own journal mirror, plus the flags of a scale-bed design.
 pub struct Operator {
     child: Child,
     /// Process id (RSS is read from `/proc/<pid>/status`).
@@ -429,6 +490,8 @@ impl Operator {
         identity: &str,
         dir: &Path,
         metrics: &str,
+        health: &str,
+        extra: &[String],
     ) -> Result<Operator> {
         std::fs::create_dir_all(dir)?;
         let log = dir.join("operator.log");
@@ -448,13 +511,10 @@ impl Operator {
                 "--log-format",
                 "json",
             ])
-            .args([
-                "--operator-namespace",
-                OPERATOR_NAMESPACE,
-                "--health-bind-address",
-                "0",
-            ])
+            .args(["--operator-namespace", OPERATOR_NAMESPACE])
+            .arg(format!("--health-bind-address={health}"))
             .arg(format!("--metrics-bind-address={metrics}"))
+            .args(extra)
             .arg("--journal-dir")
             .arg(dir.join("journal"))
             .stdin(Stdio::null())
@@ -486,6 +546,14 @@ impl Operator {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// CPU time (user + system) the process used so far, in seconds (`/proc/<pid>/stat`).
+    pub fn cpu_seconds(&self) -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+            .with_context(|| format!("reading /proc/{}/stat (did the operator exit?)", self.pid))?;
+        cpu_seconds_of(&stat, clock_ticks())
+            .with_context(|| format!("unexpected /proc/{}/stat: {stat:.200}", self.pid))
+    }
+
     /// Fails if the operator exited (it must run through every phase).
     pub fn check_running(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
@@ -510,7 +578,45 @@ impl Drop for Operator {
     }
 }
 
+/// `utime + stime` (fields 14 and 15) of a `/proc/<pid>/stat` line, in seconds. The fields
+/// are counted after the command name's closing parenthesis (the name may hold spaces).
+fn cpu_seconds_of(stat: &str, ticks_per_second: f64) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (state): utime is field 14, stime field 15.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / ticks_per_second)
+}
+
+/// `getconf CLK_TCK` (clock ticks per second of `/proc` times), 100 when it cannot be read.
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .filter(|t: &f64| *t > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
 /// A progress line on stderr.
 pub fn progress(msg: &str) {
     eprintln!("[bench {}] {msg}", chrono::Utc::now().format("%H:%M:%S"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_seconds_of;
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime_after_the_command_name() {
+        let stat =
+            "4242 (celld op (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
+        assert_eq!(cpu_seconds_of(stat, 100.0), Some(3.0));
+        assert_eq!(cpu_seconds_of("garbage", 100.0), None);
+    }
 }

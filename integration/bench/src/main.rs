@@ -1,9 +1,10 @@
 //! `celld-bench`: the operator benchmark run by `make bench` (see README.md).
 //!
 //! Brings up its own control plane (folder and ports apart from the dev cluster), a test
-//! kubelet and the real `celld-operator` binary, measures latency, API requests per
-//! operation, at-rest API traffic and RSS, prints a table, writes
-//! `target/bench/operator.json`, and tears down what it started.
+//! kubelet and the real `celld-operator` binary, measures latency and API requests per
+//! operation, then the scale bed (start-up, at-rest traffic, RSS, CPU, reaction under load and
+//! fairness at each fleet count, for the cached and the fresh-read designs), prints a table,
+//! writes `target/bench/operator.json`, and tears down what it started.
 
 mod audit;
 mod bed;
@@ -40,37 +41,60 @@ struct Args {
     /// The test kubelet binary (default: next to this binary).
     #[arg(long)]
     kubelet_bin: Option<PathBuf>,
-    /// Test kubelet Nodes (at least --members: required anti-affinity, one member per Node).
+    /// Test kubelet Nodes, at least (raised to what the largest size's Pods need at
+    /// --max-pods per Node, and to one more than the largest fleet: required anti-affinity).
     #[arg(long, default_value_t = 6)]
     nodes: usize,
+    /// Pod capacity of each test-kubelet Node (its --max-pods).
+    #[arg(long, default_value_t = 1000)]
+    max_pods: u32,
     /// Profiles of the operations scenario (figures 1 and 2).
     #[arg(long, value_delimiter = ',', default_value = "PersistentFleet,Bucket")]
     profiles: Vec<String>,
-    /// Members at the top of each grow/contract cycle.
+    /// Figures 1 and 2: members at the top of each grow/contract cycle.
     #[arg(long, default_value_t = 5)]
-    members: i32,
-    /// Grow / restart / contract cycles per profile.
+    ops_members: i32,
+    /// Figures 1 and 2: grow / restart / contract cycles per profile.
     #[arg(long, default_value_t = 4)]
     repetitions: usize,
-    /// Fleet counts for the at-rest windows (figure 3).
-    #[arg(long, value_delimiter = ',', default_value = "20,100")]
+    /// Scale bed (figure 3): fleet counts, grown from one to the next without deleting.
+    #[arg(long, value_delimiter = ',', default_value = "100,500,1000")]
     fleets: Vec<usize>,
-    /// Fleet counts for RSS (figure 4).
-    #[arg(long, value_delimiter = ',', default_value = "0,50,200")]
-    rss_fleets: Vec<usize>,
-    /// Length of each at-rest window, e.g. 120s or 2m.
-    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    /// Scale bed: members per fleet (PersistentFleet, no-process members, one claim each).
+    #[arg(long, default_value_t = 3)]
+    members: i32,
+    /// Scale bed: operator designs compared at each size, in this order (`cached`: the binary
+    /// as built; `fresh`: with --test-fresh-reads).
+    #[arg(long, value_delimiter = ',', default_value = "cached,fresh", value_parser = scale::Design::parse)]
+    designs: Vec<scale::Design>,
+    /// Scale bed: length of each at-rest window, e.g. 605s, 10m5s or 90s. At least 10 min 2 s
+    /// holds one resync of every fleet (600 s + up to 2 s of jitter).
+    #[arg(long, default_value = "10m5s", value_parser = parse_duration)]
     at_rest_window: Duration,
-    /// Fleets per namespace in the scale phase (the operator runs 8 watches per namespace).
+    /// Scale bed: fleets per namespace (the operator watches 8 kinds per fleet namespace).
     #[arg(long, default_value_t = 10)]
     fleets_per_namespace: usize,
+    /// Scale bed: at most this many fleets created and not yet settled.
+    #[arg(long, default_value_t = 50)]
+    batch: usize,
+    /// Scale bed: fraction of the fleets active at the same time in the reaction measurement
+    /// (`0.05` or `5%`; at least 2 fleets).
+    #[arg(long, default_value = "5%", value_parser = parse_fraction)]
+    active_fraction: f64,
+    /// Scale bed: operations per active fleet in each reaction measurement.
+    #[arg(long, default_value_t = 3)]
+    load_rounds: usize,
+    /// Removed (RSS is now measured at every --fleets size, for each design); accepted and
+    /// ignored so older command lines still run.
+    #[arg(long, value_delimiter = ',', hide = true)]
+    rss_fleets: Vec<usize>,
     /// Silence (Lease traffic aside) that ends an operation's measurement, e.g. 3s.
     #[arg(long, default_value = "3s", value_parser = parse_duration)]
     quiet: Duration,
     /// Skip figures 1 and 2.
     #[arg(long)]
     skip_ops: bool,
-    /// Skip figures 3 and 4.
+    /// Skip the scale bed (figure 3).
     #[arg(long)]
     skip_scale: bool,
     /// Leave the control plane running at the end.
@@ -81,17 +105,65 @@ struct Args {
     output: Option<PathBuf>,
 }
 
+/// `120s`, `2m`, `500ms`, `10m5s` (a bare number is seconds).
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?}: expected e.g. 120s or 2m"))?;
-    match unit {
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "ms" => Ok(Duration::from_millis(n)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (s, m, ms)")),
+    let bad = || format!("{s:?}: expected e.g. 120s, 2m or 10m5s");
+    let mut rest = s.trim();
+    if rest.is_empty() {
+        return Err(bad());
     }
+    let mut total = Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        total += match unit {
+            "s" | "" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "ms" => Duration::from_millis(n),
+            _ => return Err(format!("{s:?}: unknown unit {unit:?} (s, m, ms)")),
+        };
+    }
+    Ok(total)
+}
+
+/// `0.05` or `5%`, in (0, 1].
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = match s.trim().strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?}: expected e.g. 0.05 or 5%"))?;
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!("{s:?}: must be in (0, 1], e.g. 5%"));
+    }
+    Ok(v)
+}
+
+/// Test-kubelet Nodes for the run: `--nodes`, raised so that every fleet can place one more
+/// member than it has (required anti-affinity), the operations scenario its top size, and the
+/// largest size's Pods (plus the active growth and the hot fleet) fit at 80 % of `--max-pods`.
+fn nodes_needed(args: &Args) -> usize {
+    let mut nodes = args.nodes;
+    if !args.skip_ops {
+        nodes = nodes.max(args.ops_members as usize);
+    }
+    if !args.skip_scale {
+        let members = args.members as usize;
+        let largest = args.fleets.iter().copied().max().unwrap_or(0);
+        let active = (args.active_fraction * largest as f64).ceil() as usize + 2;
+        let pods = largest * members + active + members + 1;
+        let per_node = (f64::from(args.max_pods) * 0.8).floor().max(1.0) as usize;
+        nodes = nodes.max(members + 1).max(pods.div_ceil(per_node));
+    }
+    nodes
 }
 
 fn main() -> std::process::ExitCode {
@@ -137,15 +209,24 @@ async fn run(args: Args, repo: PathBuf, cluster_dir: PathBuf) -> Result<()> {
     let started = Instant::now();
     let load_start = loadavg();
     let started_at = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
-    if args.members < 2 {
-        bail!("--members must be at least 2");
+    if args.ops_members < 2 {
+        bail!("--ops-members must be at least 2");
     }
-    if args.nodes < args.members as usize {
-        bail!(
-            "--nodes ({}) must be at least --members ({}): members need one Node each",
-            args.nodes,
-            args.members
-        );
+    if args.members < 1 {
+        bail!("--members must be at least 1");
+    }
+    if !args.rss_fleets.is_empty() {
+        progress("--rss-fleets is ignored: RSS is measured at every --fleets size (scale bed)");
+    }
+    if args.designs.is_empty() && !args.skip_scale {
+        bail!("--designs names no design (cached, fresh)");
+    }
+    let nodes = nodes_needed(&args);
+    if nodes > args.nodes {
+        progress(&format!(
+            "{nodes} test-kubelet Nodes instead of --nodes {} (anti-affinity and {} Pods per Node at most)",
+            args.nodes, args.max_pods
+        ));
     }
     let settings = Settings {
         cluster_dir: cluster_dir.clone(),
@@ -158,12 +239,13 @@ async fn run(args: Args, repo: PathBuf, cluster_dir: PathBuf) -> Result<()> {
             Some(p) => p.clone(),
             None => sibling("celld-test-kubelet")?,
         },
-        nodes: args.nodes,
+        nodes,
+        max_pods: args.max_pods,
         keep_cluster: args.keep_cluster,
     };
     let operator_bin = settings.operator_bin.clone();
     let mut bed = Bed::up(settings).await?;
-    let result = measure(&mut bed, &args).await;
+    let result = measure(&mut bed, &args, &operator_bin).await;
     let down = bed.down().await;
     let (ops_results, scale) = result?;
     down?;
@@ -192,7 +274,7 @@ async fn run(args: Args, repo: PathBuf, cluster_dir: PathBuf) -> Result<()> {
             operator_profile: profile_of(&operator_bin),
             operator_binary: operator_bin.display().to_string(),
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-            nodes: args.nodes,
+            nodes,
             loadavg: [load_start, loadavg()],
             cluster: format!("{} (port base {})", cluster_dir.display(), args.port_base),
             options: options(&args),
@@ -216,13 +298,17 @@ async fn run(args: Args, repo: PathBuf, cluster_dir: PathBuf) -> Result<()> {
     Ok(())
 }
 
-async fn measure(bed: &mut Bed, args: &Args) -> Result<(Vec<ops::OpsResult>, scale::ScaleResult)> {
+async fn measure(
+    bed: &mut Bed,
+    args: &Args,
+    operator_bin: &Path,
+) -> Result<(Vec<ops::OpsResult>, Option<scale::ScaleResult>)> {
     let mut ops_results = Vec::new();
     if !args.skip_ops {
         for profile in &args.profiles {
             let cfg = ops::OpsConfig {
                 profile: profile.clone(),
-                members: args.members,
+                members: args.ops_members,
                 repetitions: args.repetitions,
                 quiet: args.quiet,
             };
@@ -230,18 +316,23 @@ async fn measure(bed: &mut Bed, args: &Args) -> Result<(Vec<ops::OpsResult>, sca
             bed.operator.as_mut().expect("operator").check_running()?;
         }
     }
-    let mut scale = scale::ScaleResult::default();
+    let mut scale = None;
     if !args.skip_scale {
-        progress("[scale] fresh operator process for the at-rest and RSS figures");
-        bed.restart_operator().await?;
+        let mut sizes: Vec<usize> = args.fleets.iter().copied().filter(|n| *n > 0).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
         let cfg = scale::ScaleConfig {
-            at_rest: args.fleets.clone(),
-            rss: args.rss_fleets.clone(),
+            sizes,
+            members: args.members,
+            designs: args.designs.clone(),
             window: args.at_rest_window,
             per_namespace: args.fleets_per_namespace,
+            batch: args.batch,
+            active_fraction: args.active_fraction,
+            rounds: args.load_rounds,
             quiet: Duration::from_secs(5),
         };
-        scale = scale::run(bed, &cfg).await?;
+        scale = Some(scale::run(bed, &cfg, operator_bin).await?);
         bed.operator.as_mut().expect("operator").check_running()?;
     }
     Ok((ops_results, scale))
@@ -274,17 +365,31 @@ fn options(args: &Args) -> BTreeMap<String, String> {
     let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     [
         ("profiles", args.profiles.join(",")),
-        ("members", args.members.to_string()),
+        ("ops_members", args.ops_members.to_string()),
         ("repetitions", args.repetitions.to_string()),
         ("fleets", join(&args.fleets)),
-        ("rss_fleets", join(&args.rss_fleets)),
+        ("members", args.members.to_string()),
+        (
+            "designs",
+            args.designs
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
         ("at_rest_window", format!("{:?}", args.at_rest_window)),
         (
             "fleets_per_namespace",
             args.fleets_per_namespace.to_string(),
         ),
+        ("batch", args.batch.to_string()),
+        ("active_fraction", args.active_fraction.to_string()),
+        ("load_rounds", args.load_rounds.to_string()),
         ("quiet", format!("{:?}", args.quiet)),
         ("nodes", args.nodes.to_string()),
+        ("max_pods", args.max_pods.to_string()),
+        ("skip_ops", args.skip_ops.to_string()),
+        ("skip_scale", args.skip_scale.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -293,7 +398,7 @@ fn options(args: &Args) -> BTreeMap<String, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration;
+    use super::{nodes_needed, parse_duration, parse_fraction, Args};
     use std::time::Duration;
 
     #[test]
@@ -301,6 +406,37 @@ mod tests {
         assert_eq!(parse_duration("120s"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10m5s"), Ok(Duration::from_secs(605)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("2h").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn fractions_take_percentages() {
+        assert_eq!(parse_fraction("5%"), Ok(0.05));
+        assert_eq!(parse_fraction("0.1"), Ok(0.1));
+        assert!(parse_fraction("0").is_err());
+        assert!(parse_fraction("150%").is_err());
+    }
+
+    #[test]
+    fn nodes_cover_anti_affinity_and_pod_capacity() {
+        use clap::Parser;
+        let args = Args::parse_from(["celld-bench", "--fleets", "100,1000", "--max-pods", "1000"]);
+        // 3,000 members + growth + hot fleet at 800 Pods per Node.
+        assert_eq!(nodes_needed(&args), 6);
+        let args = Args::parse_from(["celld-bench", "--fleets", "1000", "--max-pods", "500"]);
+        assert_eq!(nodes_needed(&args), 8);
+        let args = Args::parse_from([
+            "celld-bench",
+            "--skip-ops",
+            "--fleets",
+            "10",
+            "--nodes",
+            "1",
+        ]);
+        assert_eq!(nodes_needed(&args), 4, "one more than the members");
     }
 }

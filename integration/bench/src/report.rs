@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::ops::{OpKind, OpsResult};
-use crate::scale::ScaleResult;
+use crate::scale::{DesignResult, Reaction, ScaleResult, SizeResult};
 use crate::stats::{median, summarize, Summary};
 
 /// Where and what was measured.
@@ -84,8 +84,8 @@ pub struct Report {
     pub unobserved_settles: BTreeMap<String, usize>,
     /// Figure 2.
     pub writes_per_operation: Vec<OpRow>,
-    /// Figures 3 and 4.
-    pub scale: ScaleResult,
+    /// Figure 3, the scale bed (absent with --skip-scale).
+    pub scale: Option<ScaleResult>,
 }
 
 fn median_map<'a>(maps: impl Iterator<Item = BTreeMap<String, f64>> + 'a) -> BTreeMap<String, f64> {
@@ -208,6 +208,19 @@ impl Report {
             if m.uncommitted.is_empty() { String::new() } else { format!(" + {} uncommitted changes", m.uncommitted.len()) },
             m.operator_profile, m.cpus, m.nodes, m.duration_s, m.loadavg[0], m.loadavg[1]);
 
+        if !self.latency.is_empty() || !self.writes_per_operation.is_empty() {
+            ops_text(&mut o, self);
+        }
+        if let Some(scale) = &self.scale {
+            scale_text(&mut o, scale);
+        }
+        o
+    }
+}
+
+/// Sections 1 and 2 (absent with --skip-ops).
+fn ops_text(o: &mut String, rep: &Report) {
+    {
         let _ = writeln!(
             o,
             "\n1. Latency, ms (bench watches, local monotonic clock; no-process members)"
@@ -217,7 +230,7 @@ impl Report {
             "   {:<16} {:<54} {:>4} {:>8} {:>8} {:>8} {:>8}",
             "profile", "from → to", "n", "median", "p90", "min", "max"
         );
-        for r in &self.latency {
+        for r in &rep.latency {
             match &r.ms {
                 Some(s) => {
                     let _ = writeln!(
@@ -231,7 +244,7 @@ impl Report {
                 }
             }
         }
-        for (p, n) in &self.unobserved_settles {
+        for (p, n) in &rep.unobserved_settles {
             if *n > 0 {
                 let _ = writeln!(o, "   {p}: {n} contraction step(s) had no settle visible to the bench before the next write (not sampled)");
             }
@@ -243,7 +256,7 @@ impl Report {
             "   {:<16} {:<40} {:>3} {:>7} {:>6} {:>6} {:>10}",
             "profile", "operation", "n", "writes", "p90", "reads", "reconciles"
         );
-        for r in &self.writes_per_operation {
+        for r in &rep.writes_per_operation {
             let s = |x: &Option<Summary>| x.as_ref().map_or("-".into(), |s| num(s.median));
             let p = |x: &Option<Summary>| x.as_ref().map_or("-".into(), |s| num(s.p90));
             let _ = writeln!(
@@ -296,101 +309,192 @@ impl Report {
                 let _ = writeln!(o, "   {:<16}   {}", "", extra.join("; "));
             }
         }
+    }
+}
 
+/// `v` with [`num`], or `n/a`.
+fn opt(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), num)
+}
+
+fn opt_map(m: &Option<BTreeMap<String, f64>>) -> String {
+    m.as_ref().map_or("n/a".into(), |m| breakdown(m, |_| true))
+}
+
+/// Section 3: the scale bed.
+fn scale_text(o: &mut String, s: &ScaleResult) {
+    let _ = writeln!(
+        o,
+        "\n3. Scale bed: PersistentFleet, {} no-process members per fleet (one claim each), {} fleets per namespace; at-rest window {:.0} s; {:.0} % of the fleets active, {} rounds each",
+        s.members,
+        s.fleets_per_namespace,
+        s.window_s,
+        s.active_fraction * 100.0,
+        s.rounds
+    );
+    for (design, why) in &s.skipped_designs {
+        let _ = writeln!(o, "   design {design} not run: {why}");
+    }
+    for size in &s.sizes {
+        size_text(o, size);
+    }
+}
+
+fn size_text(o: &mut String, size: &SizeResult) {
+    let c = &size.creation;
+    let _ = writeln!(
+        o,
+        "\n   {} fleets ({} Pods and claims, {} namespaces): {} created for this size in {:.0} s ({:.2} fleets/s, operator {} running)",
+        size.fleets, size.pods, size.namespaces, c.created, c.seconds, c.fleets_per_s, c.operator
+    );
+    let names: Vec<&str> = size.designs.iter().map(|d| d.design.as_str()).collect();
+    let mut head = format!("   {:<44}", "figure");
+    for n in &names {
+        head.push_str(&format!(" {n:>12}"));
+    }
+    head.push_str(&format!(" {:>13}", "fresh÷cached"));
+    let _ = writeln!(o, "{head}");
+    for r in &size.ratios {
+        let mut line = format!("   {:<44}", r.figure);
+        for n in &names {
+            line.push_str(&format!(
+                " {:>12}",
+                opt(r.values.get(*n).copied().flatten())
+            ));
+        }
+        line.push_str(&format!(
+            " {:>13}",
+            r.fresh_over_cached
+                .map_or("n/a".into(), |x| format!("{x:.2}"))
+        ));
+        let _ = writeln!(o, "{line}");
+    }
+    for d in &size.designs {
+        design_text(o, d);
+    }
+}
+
+fn design_text(o: &mut String, d: &DesignResult) {
+    let a = &d.at_rest;
+    let pad = "      ";
+    let _ = writeln!(
+        o,
+        "   {}{}:",
+        d.design,
+        if d.flags.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", d.flags.join(" "))
+        }
+    );
+    let _ = writeln!(
+        o,
+        "{pad}start-up: {:.1} requests and {:.2} reconciles per fleet until quiet",
+        d.startup.requests_per_fleet, d.startup.reconciles_per_fleet
+    );
+    let _ = writeln!(
+        o,
+        "{pad}at rest, per fleet per minute (Lease excluded): {}",
+        breakdown(&a.per_fleet_per_min_by_request, |_| true)
+    );
+    let _ = writeln!(
+        o,
+        "{pad}at rest, whole operator per minute: {}",
+        breakdown(&a.per_min_by_request, |_| true)
+    );
+    let _ = writeln!(
+        o,
+        "{pad}at rest: reconcile passes per minute: {}; cache escalations in the window: {}",
+        opt_map(&a.passes_per_min),
+        opt_map(&a.escalations)
+    );
+    let rejected = crate::audit::rejected(&a.audited_writes_per_min);
+    if !rejected.is_empty() || !a.reconcile_errors.is_empty() {
         let _ = writeln!(
             o,
-            "\n3. At-rest API requests (all fleets settled, Bucket, 1 no-process member each)"
+            "{pad}at rest: rejected writes per minute (audit log): {}; failed reconciles: {}",
+            breakdown(&rejected, |_| true),
+            breakdown(&a.reconcile_errors, |_| true)
+        );
+    }
+    if a.unsettled_after > 0 || !a.quiet_before {
+        let _ = writeln!(
+            o,
+            "{pad}note: {} fleet(s) unsettled after the window; quiet before: {}",
+            a.unsettled_after, a.quiet_before
+        );
+    }
+    reaction_text(o, "reaction under load", &d.reaction);
+    if let Some(f) = &d.fairness {
+        reaction_text(
+            o,
+            &format!(
+                "with the hot fleet {} ({})",
+                f.hot_fleet,
+                f.hot_operation
+                    .as_deref()
+                    .unwrap_or("no open operation at the end")
+            ),
+            &f.with_hot,
         );
         let _ = writeln!(
             o,
-            "   {:>6} {:>4} {:>8} {:>14} {:>16} {:>14}  per fleet per minute by verb (Lease excluded)",
-            "fleets",
-            "ns",
-            "window",
-            "req/fleet/min",
-            "writes/fleet/min",
-            "reconciles/min",
+            "{pad}fairness: p99 of the other fleets {} ms without the hot fleet, {} ms with it",
+            opt(f.p99_without_ms),
+            opt(f.p99_with_ms)
         );
-        for a in &self.scale.at_rest {
-            let _ = writeln!(
-                o,
-                "   {:>6} {:>4} {:>7.0}s {:>14.3} {:>16.3} {:>14.1}  {}",
-                a.fleets,
-                a.namespaces,
-                a.window_s,
-                a.per_fleet_per_min,
-                a.writes_per_fleet_per_min,
-                a.reconciles_per_min,
-                breakdown(&a.per_fleet_per_min_by_verb, |_| true)
-            );
-            let _ = writeln!(
-                o,
-                "   {:>6}   whole operator per minute: {}",
-                "",
-                breakdown(&a.per_min_by_request, |_| true)
-            );
-            let rejected = crate::audit::rejected(&a.audited_writes_per_min);
-            if !rejected.is_empty() {
+    }
+}
+
+fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
+    let pad = "      ";
+    let _ = writeln!(
+        o,
+        "{pad}{title}: {} fleets active ({} scaling, {} restarting) × {} rounds: {} operations in {:.0} s; per operation {} requests (Lease excluded) and {} reconciles; per minute {} requests, {} reconciles, passes {}; escalations: {}",
+        r.active_fleets,
+        r.scaling,
+        r.restarting,
+        r.rounds,
+        r.operations,
+        r.seconds,
+        opt(r.requests_per_operation),
+        opt(r.reconciles_per_operation),
+        num(r.requests_per_min),
+        num(r.reconciles_per_min),
+        opt_map(&r.passes_per_min),
+        opt_map(&r.escalations)
+    );
+    let _ = writeln!(
+        o,
+        "{pad}  {:<88} {:>4} {:>7} {:>7} {:>7}",
+        "ms", "n", "p50", "p99", "max"
+    );
+    let mut rows: Vec<(&str, &Option<Summary>)> =
+        r.rows.iter().map(|x| (x.figure.as_str(), &x.ms)).collect();
+    rows.push(("every sample", &r.all_ms));
+    for (figure, ms) in rows {
+        match ms {
+            Some(s) => {
                 let _ = writeln!(
                     o,
-                    "   {:>6}   rejected writes per minute (audit log): {}",
-                    "",
-                    breakdown(&rejected, |_| true)
+                    "{pad}  {:<88} {:>4} {:>7.0} {:>7.0} {:>7.0}",
+                    figure, s.n, s.median, s.p99, s.max
                 );
             }
-            if a.unsettled_after > 0 || !a.quiet_before {
+            None => {
                 let _ = writeln!(
                     o,
-                    "   {:>6}   note: {} fleet(s) unsettled after the window; quiet before: {}",
-                    "", a.unsettled_after, a.quiet_before
+                    "{pad}  {figure:<88} {:>4} {:>7} {:>7} {:>7}",
+                    0, "n/a", "n/a", "n/a"
                 );
             }
         }
-
-        if let Some(i) = &self.scale.idle_reconcile {
-            let _ = writeln!(o, "   idle reconcile of a settled fleet (annotation touched on all {} fleets): {:.2} reconciles, {:.1} requests, {:.1} writes per fleet", i.fleets, i.reconciles_per_fleet, i.total_per_fleet, i.writes_per_fleet);
-            let _ = writeln!(
-                o,
-                "      per fleet: {}",
-                breakdown(&i.requests_per_fleet, |_| true)
-            );
-            if !i.rejected_per_fleet.is_empty() {
-                let _ = writeln!(
-                    o,
-                    "      rejected per fleet (audit log): {}",
-                    breakdown(&i.rejected_per_fleet, |_| true)
-                );
-            }
-            let _ = writeln!(o, "      → the 10-minute resync adds ≈ {:.2} requests per fleet per minute at rest (not seen in the windows above)", i.resync_per_fleet_per_min);
-        }
-
-        let w = &self.scale.watch_streams;
-        if let Some(per_ns) = w.per_namespace {
-            for a in &self.scale.at_rest {
-                if let Some(e) = a.estimated_long_run_per_fleet_per_min {
-                    let _ = writeln!(o, "   long-run estimate (derived, not measured), {} fleets: ≈ {:.2} requests per fleet per minute = Lease as measured + {:.0} watch streams ({:.0} cluster-wide + {:.0} per namespace × {}) re-opened every {:.0} s + resync",
-                        a.fleets, e, w.cluster_wide + per_ns * a.namespaces as f64, w.cluster_wide, per_ns, a.namespaces, crate::scale::WATCH_REOPEN_S);
-                }
-            }
-        }
-
-        let _ = writeln!(o, "\n4. Operator RSS (/proc/PID/status; fresh operator process for this phase; Bucket fleets, 1 no-process member each)");
+    }
+    if r.unobserved_settles > 0 || r.timeouts > 0 {
         let _ = writeln!(
             o,
-            "   {:>6} {:>4} {:>10} {:>10} {:>12}",
-            "fleets", "ns", "VmRSS MiB", "VmHWM MiB", "settled in s"
+            "{pad}  {} queued contraction(s) with no settle visible before the decrease (not sampled); {} step(s) timed out",
+            r.unobserved_settles, r.timeouts
         );
-        for mm in &self.scale.memory {
-            let _ = writeln!(
-                o,
-                "   {:>6} {:>4} {:>10.1} {:>10.1} {:>12.0}",
-                mm.fleets,
-                mm.namespaces,
-                mm.rss_kib as f64 / 1024.0,
-                mm.hwm_kib as f64 / 1024.0,
-                mm.settle_s
-            );
-        }
-        o
     }
 }

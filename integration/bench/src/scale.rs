@@ -1,390 +1,1393 @@
-//! Figures 3 and 4: many 1-member Bucket fleets (Deployment, no-process member), added in
-//! steps to each requested size. At every size the bench waits until all are settled and the
-//! operator fell quiet, then reads the operator's RSS, and for the at-rest sizes counts every
-//! request over a window.
+//! Figure 3, the scale bed: PersistentFleets of `members` no-process members, grown in bounded
+//! batches to each size (100 → 500 → 1,000 by default, never deleted in between). At every
+//! size, each operator design (`cached`: the default binary; `fresh`: the same binary with
+//! `--test-fresh-reads`) gets a fresh process and is measured the same way: start-up, at-rest
+//! traffic over a window that holds a full resync, RSS and CPU, the reaction under load (a
+//! fraction of the fleets scaling or restarting at the same time), and the same again with one
+//! "hot" fleet whose upgrade never finishes (fairness).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use celld_operator::api::CelldFleet;
 use futures::{StreamExt, TryStreamExt};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::ResourceExt;
-use serde::Serialize;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use serde::{Serialize, Serializer};
+use serde_json::json;
+use tokio::task::JoinHandle;
 
-use crate::bed::{fleet, fleet_settled, progress, Bed};
-use crate::scrape::{Delta, BACKGROUND_RESOURCES};
+use crate::bed::{fleet, fleet_settled, progress, wait_fleet, Bed};
+use crate::scrape::Delta;
+use crate::stats::{summarize, Summary};
+use crate::timeline::{request_to_write, settled_to_decrease, FleetTimelines, Mark};
 
-/// Sizes and layout.
+/// Label on every scale-bed fleet (value: the run id); the bench's fleet watch selects on it.
+pub const SCALE_LABEL: &str = "bench.celld.eric.dev/scale";
+
+/// The image of the hot fleet's upgrade: unmapped, so the test kubelet answers `ErrImagePull`
+/// for ever (integration/kubelet/src/images.rs) and the rollout never finishes.
+pub fn hot_image() -> String {
+    format!("celld.test/bench-unpullable@sha256:{}", "2".repeat(64))
+}
+
+/// Longest wait for one step of an active fleet (a write, a settle) before it is counted as
+/// timed out and the fleet stops its rounds.
+const STEP_LIMIT: Duration = Duration::from_secs(300);
+
+/// An operator design compared by the scale bed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Design {
+    /// Watch-fed reflector caches; an idle reconcile sends nothing (the default binary).
+    Cached,
+    /// Every reconcile reads fresh from the API server (`--test-fresh-reads`).
+    Fresh,
+}
+
+impl Design {
+    /// `cached` or `fresh`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Cached => "cached",
+            Design::Fresh => "fresh",
+        }
+    }
+
+    /// Flags added to `celld-operator run --local-test …`.
+    pub fn flags(self) -> Vec<String> {
+        match self {
+            Design::Cached => Vec::new(),
+            Design::Fresh => vec!["--test-fresh-reads".into()],
+        }
+    }
+
+    /// Parses `cached` or `fresh`.
+    pub fn parse(s: &str) -> Result<Design, String> {
+        match s.trim() {
+            "cached" => Ok(Design::Cached),
+            "fresh" => Ok(Design::Fresh),
+            other => Err(format!("{other:?}: expected cached or fresh")),
+        }
+    }
+}
+
+/// What the scale bed does.
 #[derive(Debug, Clone)]
 pub struct ScaleConfig {
-    /// Fleet counts for the at-rest window.
-    pub at_rest: Vec<usize>,
-    /// Fleet counts for RSS.
-    pub rss: Vec<usize>,
-    /// Length of the at-rest window.
+    /// Fleet counts, ascending (the bed grows from one to the next).
+    pub sizes: Vec<usize>,
+    /// Members per fleet.
+    pub members: i32,
+    /// Designs, in the order they are run at each size.
+    pub designs: Vec<Design>,
+    /// Length of each at-rest window.
     pub window: Duration,
-    /// Fleets per namespace (the operator runs 8 watches per fleet namespace).
+    /// Fleets per namespace.
     pub per_namespace: usize,
-    /// How long the operator must send nothing (Lease aside) before a size counts as at rest.
+    /// At most this many fleets created and not yet settled.
+    pub batch: usize,
+    /// Fraction of the fleets active in the reaction measurement.
+    pub active_fraction: f64,
+    /// Operations per active fleet in each reaction measurement.
+    pub rounds: usize,
+    /// How long the operator must be quiet (Lease and watch re-opens aside, no reconcile)
+    /// before a window starts.
     pub quiet: Duration,
 }
 
-/// At-rest traffic at one size.
+/// `None` is written as `"n/a"` (a figure the operator does not export, or could not be
+/// measured).
+fn na<T: Serialize, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => v.serialize(s),
+        None => s.serialize_str("n/a"),
+    }
+}
+
+/// Results of the scale bed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScaleResult {
+    /// Members per fleet.
+    pub members: i32,
+    /// Fleets per namespace.
+    pub fleets_per_namespace: usize,
+    /// Creation batch (fleets in flight).
+    pub batch: usize,
+    /// At-rest window (s).
+    pub window_s: f64,
+    /// Fraction of fleets active in the reaction measurement.
+    pub active_fraction: f64,
+    /// Operations per active fleet per reaction measurement.
+    pub rounds: usize,
+    /// Designs asked for but not run, with the reason.
+    pub skipped_designs: BTreeMap<String, String>,
+    /// One entry per size.
+    pub sizes: Vec<SizeResult>,
+}
+
+/// One size of the bed.
 #[derive(Debug, Clone, Serialize)]
-pub struct AtRest {
-    /// Settled fleets.
+pub struct SizeResult {
+    /// Fleets.
     pub fleets: usize,
     /// Namespaces they are spread over.
     pub namespaces: usize,
+    /// Member Pods (= claims).
+    pub pods: usize,
+    /// How the fleets added for this size were created.
+    pub creation: Creation,
+    /// One entry per design run.
+    pub designs: Vec<DesignResult>,
+    /// Every figure side by side, with fresh ÷ cached.
+    pub ratios: Vec<Ratio>,
+}
+
+/// Growing the bed to a size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Creation {
+    /// Fleets created for this size.
+    pub created: usize,
+    /// Seconds from the first create to every fleet settled.
+    pub seconds: f64,
+    /// Fleets settled per second.
+    pub fleets_per_s: f64,
+    /// The design of the operator process running meanwhile.
+    pub operator: String,
+}
+
+/// One design at one size.
+#[derive(Debug, Clone, Serialize)]
+pub struct DesignResult {
+    /// `cached` or `fresh`.
+    pub design: String,
+    /// Flags added to the operator.
+    pub flags: Vec<String>,
+    /// Start-up.
+    pub startup: Startup,
+    /// At-rest window.
+    pub at_rest: AtRest,
+    /// VmRSS at the end of the window (KiB).
+    pub rss_kib: u64,
+    /// VmHWM, the process's peak RSS so far (KiB).
+    pub hwm_kib: u64,
+    /// CPU seconds (user + system) per minute over the window.
+    pub cpu_s_per_min: f64,
+    /// `celld_operator_cached_objects` at the end of the window.
+    #[serde(serialize_with = "na")]
+    pub cached_objects: Option<f64>,
+    /// Reaction under load.
+    pub reaction: Reaction,
+    /// The reaction again with a hot fleet present.
+    pub fairness: Option<Fairness>,
+}
+
+/// From process start.
+#[derive(Debug, Clone, Serialize)]
+pub struct Startup {
+    /// Process spawned → `/readyz` 200 and `celld_operator_leader 1` (journal mirror replayed).
+    #[serde(serialize_with = "na")]
+    pub ready_s: Option<f64>,
+    /// `celld_operator_leader_ready_seconds` as the operator measured it.
+    #[serde(serialize_with = "na")]
+    pub leader_ready_metric_s: Option<f64>,
+    /// Process spawned → `celld_operator_fleets_reconciled ≥ fleets`.
+    #[serde(serialize_with = "na")]
+    pub all_reconciled_s: Option<f64>,
+    /// Process spawned → every fleet settled (bench watch) and the operator quiet.
+    pub settled_quiet_s: f64,
+    /// Requests (Lease excluded) from spawn to quiet, per fleet.
+    pub requests_per_fleet: f64,
+    /// Reconciles from spawn to quiet, per fleet.
+    pub reconciles_per_fleet: f64,
+}
+
+/// At-rest traffic over the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct AtRest {
     /// Window length (s).
     pub window_s: f64,
-    /// All requests, leases included, per fleet per minute.
-    pub per_fleet_per_min: f64,
-    /// Requests per fleet per minute by verb, leases excluded.
-    pub per_fleet_per_min_by_verb: BTreeMap<String, f64>,
-    /// Write requests per fleet per minute, leases excluded.
+    /// Requests per fleet per minute, Lease excluded.
+    pub requests_per_fleet_per_min: f64,
+    /// Writes per fleet per minute, Lease excluded.
     pub writes_per_fleet_per_min: f64,
-    /// Requests per minute for the whole operator by `verb resource` (leases included).
+    /// Lease requests per minute (the whole operator; not per fleet).
+    pub lease_requests_per_min: f64,
+    /// Requests per fleet per minute by `verb resource`, Lease excluded.
+    pub per_fleet_per_min_by_request: BTreeMap<String, f64>,
+    /// Requests per minute of the whole operator by `verb resource`, Lease included.
     pub per_min_by_request: BTreeMap<String, f64>,
-    /// Reconciles per minute (whole operator).
+    /// Reconciles per minute.
     pub reconciles_per_min: f64,
-    /// Fleets no longer settled at the end of the window.
-    pub unsettled_after: usize,
-    /// The operator was quiet (Lease aside) before the window started.
-    pub quiet_before: bool,
+    /// Reconcile passes per minute by `pass` (`cached`, `fresh`).
+    #[serde(serialize_with = "na")]
+    pub passes_per_min: Option<BTreeMap<String, f64>>,
+    /// Cache escalations in the window by cause.
+    #[serde(serialize_with = "na")]
+    pub escalations: Option<BTreeMap<String, f64>>,
+    /// Failed reconciles in the window by reason.
+    pub reconcile_errors: BTreeMap<String, f64>,
     /// The operator's writes per minute as the audit log answered them, by `verb resource code`.
     pub audited_writes_per_min: BTreeMap<String, f64>,
-    /// Derived, not measured: what a window of many minutes would show per fleet per minute
-    /// (Lease + watch re-opens + the 10-minute resync; see `long_run_estimate`).
-    pub estimated_long_run_per_fleet_per_min: Option<f64>,
+    /// Fleets not settled at the end of the window.
+    pub unsettled_after: usize,
+    /// The operator was quiet before the window started.
+    pub quiet_before: bool,
 }
 
-/// Operator memory at one size.
+/// Latencies of one kind of reaction.
 #[derive(Debug, Clone, Serialize)]
-pub struct Memory {
-    /// Settled fleets.
-    pub fleets: usize,
-    /// Namespaces.
-    pub namespaces: usize,
-    /// VmRSS (KiB).
-    pub rss_kib: u64,
-    /// VmHWM, the peak RSS so far (KiB).
-    pub hwm_kib: u64,
-    /// Seconds from the first create of this step to all fleets settled.
-    pub settle_s: f64,
+pub struct ReactionRow {
+    /// What is timed.
+    pub figure: String,
+    /// Milliseconds.
+    #[serde(serialize_with = "na")]
+    pub ms: Option<Summary>,
 }
 
-/// Results of the scale phase.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ScaleResult {
-    /// At-rest windows.
-    pub at_rest: Vec<AtRest>,
-    /// Memory at every size reached (the RSS sizes asked for, and the at-rest sizes).
-    pub memory: Vec<Memory>,
-    /// What one reconcile of a settled fleet costs (the 10-minute resync, which no at-rest
-    /// window of a few minutes after provisioning sees).
-    pub idle_reconcile: Option<IdleReconcile>,
-    /// The operator's watch streams, for the long-run estimate.
-    pub watch_streams: WatchStreams,
-}
-
-/// The operator's watch streams (each is re-opened every 290 s, kube-runtime's default watch
-/// timeout: one `watch` request per stream per 290 s at rest).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct WatchStreams {
-    /// Watches open before any fleet exists (the fleet controller's).
-    pub cluster_wide: f64,
-    /// Watches opened per fleet namespace (measured when the first namespaces got fleets).
-    pub per_namespace: Option<f64>,
-}
-
-/// Seconds after which kube-runtime re-opens a watch (`timeoutSeconds=290`).
-pub const WATCH_REOPEN_S: f64 = 290.0;
-
-/// Long-run requests per fleet per minute at rest: the Lease as measured, every watch stream
-/// re-opened each [`WATCH_REOPEN_S`], and one idle reconcile per fleet every 10 minutes.
-fn long_run_estimate(a: &AtRest, streams: &WatchStreams, idle: &IdleReconcile) -> Option<f64> {
-    let per_ns = streams.per_namespace?;
-    if a.fleets == 0 {
-        return None;
-    }
-    let lease: f64 = a
-        .per_min_by_request
-        .iter()
-        .filter(|(k, _)| k.ends_with(" leases"))
-        .map(|(_, v)| v)
-        .sum();
-    let watches = (streams.cluster_wide + per_ns * a.namespaces as f64) * 60.0 / WATCH_REOPEN_S;
-    Some((lease + watches) / a.fleets as f64 + idle.resync_per_fleet_per_min)
-}
-
-/// Requests of one reconcile of a settled fleet, measured by touching an annotation of every
-/// fleet (each touch is one watch event → one reconcile) and dividing by the fleets.
+/// The reaction under load.
 #[derive(Debug, Clone, Serialize)]
-pub struct IdleReconcile {
-    /// Fleets touched.
-    pub fleets: usize,
-    /// Reconciles counted per fleet (1 expected).
-    pub reconciles_per_fleet: f64,
-    /// Requests per fleet by `verb resource` (leases excluded).
-    pub requests_per_fleet: BTreeMap<String, f64>,
-    /// All requests per fleet, leases excluded.
-    pub total_per_fleet: f64,
-    /// Writes per fleet, leases excluded.
-    pub writes_per_fleet: f64,
-    /// Writes answered ≥ 400 per fleet (audit log), by `verb resource code`.
-    pub rejected_per_fleet: BTreeMap<String, f64>,
-    /// `total_per_fleet` spread over the 10-minute resync: requests per fleet per minute
-    /// the resync adds at rest.
-    pub resync_per_fleet_per_min: f64,
+pub struct Reaction {
+    /// Active fleets (all at the same time).
+    pub active_fleets: usize,
+    /// Of which scaling `members → members+1 → members` per round.
+    pub scaling: usize,
+    /// Of which restarting by token per round.
+    pub restarting: usize,
+    /// Rounds per active fleet.
+    pub rounds: usize,
+    /// By kind.
+    pub rows: Vec<ReactionRow>,
+    /// Every sample of every kind.
+    #[serde(serialize_with = "na")]
+    pub all_ms: Option<Summary>,
+    /// Queued contractions whose settle at `members+1` the bench did not see before the
+    /// decrease (not sampled).
+    pub unobserved_settles: usize,
+    /// Steps that did not finish within the step limit (the fleet stopped its rounds).
+    pub timeouts: usize,
+    /// Wall time of the measurement (s).
+    pub seconds: f64,
+    /// Operations completed (a scaling round is two: the growth and the contraction).
+    pub operations: usize,
+    /// Requests (whole operator, Lease excluded) per completed operation; with a hot fleet
+    /// its re-checks are included.
+    #[serde(serialize_with = "na")]
+    pub requests_per_operation: Option<f64>,
+    /// Reconciles per completed operation.
+    #[serde(serialize_with = "na")]
+    pub reconciles_per_operation: Option<f64>,
+    /// Requests per minute meanwhile (whole operator, Lease excluded).
+    pub requests_per_min: f64,
+    /// Reconciles per minute meanwhile.
+    pub reconciles_per_min: f64,
+    /// Reconcile passes per minute meanwhile, by `pass`.
+    #[serde(serialize_with = "na")]
+    pub passes_per_min: Option<BTreeMap<String, f64>>,
+    /// Cache escalations meanwhile, by cause.
+    #[serde(serialize_with = "na")]
+    pub escalations: Option<BTreeMap<String, f64>>,
 }
 
-/// Runs the phase; its namespaces stay until [`Bed::down`] (deleting hundreds of fleets
-/// through the operator is not what is measured here).
-pub async fn run(bed: &Bed, cfg: &ScaleConfig) -> Result<ScaleResult> {
-    let sizes: BTreeSet<usize> = cfg.at_rest.iter().chain(&cfg.rss).copied().collect();
-    let per_ns = cfg.per_namespace.max(1);
-    let mut namespaces: Vec<String> = Vec::new();
-    let mut created = 0usize;
-    let mut out = ScaleResult::default();
-    let (start, _) = bed
-        .metrics
-        .quiet(cfg.quiet, Duration::from_secs(60))
-        .await?;
-    let mut streams = WatchStreams {
-        cluster_wide: start
-            .requests
-            .iter()
-            .filter(|((v, _), _)| v == "watch")
-            .map(|(_, n)| n)
-            .sum(),
-        per_namespace: None,
+/// The reaction with one hot fleet present.
+#[derive(Debug, Clone, Serialize)]
+pub struct Fairness {
+    /// `namespace/name` of the hot fleet.
+    pub hot_fleet: String,
+    /// Its upgrade's image (never pullable).
+    pub hot_image: String,
+    /// Its open operation at the end (`kind phase`), if any.
+    #[serde(serialize_with = "na")]
+    pub hot_operation: Option<String>,
+    /// The reaction measured with it.
+    pub with_hot: Reaction,
+    /// p99 of every reaction sample of the other fleets, without the hot fleet (ms).
+    #[serde(serialize_with = "na")]
+    pub p99_without_ms: Option<f64>,
+    /// The same with the hot fleet (ms).
+    #[serde(serialize_with = "na")]
+    pub p99_with_ms: Option<f64>,
+}
+
+/// One figure of every design at a size, and fresh ÷ cached.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    /// What.
+    pub figure: String,
+    /// Value per design (`cached`, `fresh`).
+    pub values: BTreeMap<String, Option<f64>>,
+    /// fresh ÷ cached, when both exist and cached is not 0.
+    #[serde(serialize_with = "na")]
+    pub fresh_over_cached: Option<f64>,
+}
+
+/// A figure's name and value.
+pub type Figure = (&'static str, Option<f64>);
+
+/// The figures compared across designs, in table order.
+pub fn figures(d: &DesignResult) -> Vec<Figure> {
+    let pass = |p: &Option<BTreeMap<String, f64>>, k: &str| {
+        p.as_ref().map(|m| m.get(k).copied().unwrap_or(0.0))
     };
-    for &size in &sizes {
-        let step_start = Instant::now();
-        let before_step = bed.metrics.snapshot().await?;
-        let namespaces_before = namespaces.len();
-        if size > created {
-            progress(&format!(
-                "[scale] creating fleets {created}..{size} ({per_ns} per namespace)"
-            ));
-            while namespaces.len() < size.div_ceil(per_ns) {
-                let ns = bed.namespace(&format!("rest{}", namespaces.len())).await?;
-                namespaces.push(ns);
-            }
-            let jobs: Vec<(String, String)> = (created..size)
-                .map(|i| (namespaces[i / per_ns].clone(), format!("f{i:03}")))
+    let fair = d.fairness.as_ref();
+    vec![
+        ("start-up: ready + leader, s", d.startup.ready_s),
+        (
+            "start-up: leader ready (operator gauge), s",
+            d.startup.leader_ready_metric_s,
+        ),
+        (
+            "start-up: every fleet reconciled, s",
+            d.startup.all_reconciled_s,
+        ),
+        (
+            "start-up: settled and quiet, s",
+            Some(d.startup.settled_quiet_s),
+        ),
+        (
+            "start-up: requests per fleet",
+            Some(d.startup.requests_per_fleet),
+        ),
+        (
+            "at rest: requests/fleet/min (no Lease)",
+            Some(d.at_rest.requests_per_fleet_per_min),
+        ),
+        (
+            "at rest: writes/fleet/min",
+            Some(d.at_rest.writes_per_fleet_per_min),
+        ),
+        (
+            "at rest: Lease requests/min",
+            Some(d.at_rest.lease_requests_per_min),
+        ),
+        (
+            "at rest: reconciles/min",
+            Some(d.at_rest.reconciles_per_min),
+        ),
+        (
+            "at rest: cached passes/min",
+            pass(&d.at_rest.passes_per_min, "cached"),
+        ),
+        (
+            "at rest: fresh passes/min",
+            pass(&d.at_rest.passes_per_min, "fresh"),
+        ),
+        ("cached objects", d.cached_objects),
+        ("VmRSS, MiB", Some(d.rss_kib as f64 / 1024.0)),
+        ("VmHWM, MiB", Some(d.hwm_kib as f64 / 1024.0)),
+        ("CPU s/min at rest", Some(d.cpu_s_per_min)),
+        (
+            "under load: requests per operation",
+            d.reaction.requests_per_operation,
+        ),
+        (
+            "under load: reconciles per operation",
+            d.reaction.reconciles_per_operation,
+        ),
+        (
+            "reaction p50, ms",
+            d.reaction.all_ms.as_ref().map(|s| s.median),
+        ),
+        (
+            "reaction p99, ms",
+            d.reaction.all_ms.as_ref().map(|s| s.p99),
+        ),
+        (
+            "reaction p99 with a hot fleet, ms",
+            fair.and_then(|f| f.p99_with_ms),
+        ),
+    ]
+}
+
+fn ratios(designs: &[DesignResult]) -> Vec<Ratio> {
+    let Some(first) = designs.first() else {
+        return Vec::new();
+    };
+    let by_design: Vec<(String, Vec<Figure>)> = designs
+        .iter()
+        .map(|d| (d.design.clone(), figures(d)))
+        .collect();
+    figures(first)
+        .iter()
+        .enumerate()
+        .map(|(i, (figure, _))| {
+            let values: BTreeMap<String, Option<f64>> = by_design
+                .iter()
+                .map(|(name, f)| (name.clone(), f[i].1))
                 .collect();
-            futures::stream::iter(jobs)
-                .map(|(ns, name)| async move {
-                    let f = fleet(&name, "Bucket", 1, &bed.bucket(&ns, &name))?;
-                    Api::<CelldFleet>::namespaced(bed.client.clone(), &ns)
-                        .create(&PostParams::default(), &f)
-                        .await?;
-                    Ok::<_, anyhow::Error>(())
-                })
-                .buffer_unordered(8)
-                .try_collect::<Vec<_>>()
-                .await?;
-            created = size;
+            let get = |k: &str| values.get(k).copied().flatten();
+            let fresh_over_cached = match (get("fresh"), get("cached")) {
+                (Some(f), Some(c)) if c != 0.0 => Some(f / c),
+                _ => None,
+            };
+            Ratio {
+                figure: figure.to_string(),
+                values,
+                fresh_over_cached,
+            }
+        })
+        .collect()
+}
+
+/// A fleet of the bed.
+#[derive(Debug, Clone)]
+struct FleetRef {
+    ns: String,
+    name: String,
+    uid: String,
+}
+
+/// The bench's view of every scale-bed fleet: one cluster-wide watch on the label
+/// [`SCALE_LABEL`], keeping whether each fleet is settled at its `spec.replicas`.
+struct Board {
+    settled: Arc<Mutex<HashMap<String, bool>>>,
+    task: JoinHandle<()>,
+}
+
+impl Board {
+    fn start(client: &Client, run_id: &str) -> Board {
+        let settled: Arc<Mutex<HashMap<String, bool>>> = Arc::default();
+        let sink = settled.clone();
+        let config = watcher::Config::default().labels(&format!("{SCALE_LABEL}={run_id}"));
+        let api = Api::<CelldFleet>::all(client.clone());
+        let task = tokio::spawn(async move {
+            let mut events = watcher::watcher(api, config).boxed();
+            let mut listing: Option<HashMap<String, bool>> = None;
+            while let Some(event) = events.next().await {
+                let key = |f: &CelldFleet| {
+                    format!("{}/{}", f.namespace().unwrap_or_default(), f.name_any())
+                };
+                let Ok(mut map) = sink.lock() else { return };
+                match event {
+                    Ok(Event::Init) => listing = Some(HashMap::new()),
+                    Ok(Event::InitApply(f)) => {
+                        let s = fleet_settled(&f, f.spec.replicas);
+                        if let Some(l) = listing.as_mut() {
+                            l.insert(key(&f), s);
+                        }
+                    }
+                    Ok(Event::InitDone) => {
+                        if let Some(l) = listing.take() {
+                            *map = l;
+                        }
+                    }
+                    Ok(Event::Apply(f)) => {
+                        map.insert(key(&f), fleet_settled(&f, f.spec.replicas));
+                    }
+                    Ok(Event::Delete(f)) => {
+                        map.remove(&key(&f));
+                    }
+                    Err(e) => {
+                        drop(map);
+                        eprintln!("  (bench fleet watch error, retrying: {e})");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Board { settled, task }
+    }
+
+    /// Fleets settled at their `spec.replicas`.
+    fn settled(&self) -> usize {
+        self.settled
+            .lock()
+            .map(|m| m.values().filter(|s| **s).count())
+            .unwrap_or(0)
+    }
+
+    /// Up to `n` fleets not settled.
+    fn unsettled(&self, n: usize) -> Vec<String> {
+        self.settled
+            .lock()
+            .map(|m| {
+                let mut v: Vec<String> = m
+                    .iter()
+                    .filter(|(_, s)| !**s)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                v.sort();
+                v.truncate(n);
+                v
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until at least `want` fleets are settled; gives up after `stall` without progress.
+    async fn wait_settled(&self, want: usize, stall: Duration, what: &str) -> Result<()> {
+        let mut last = self.settled();
+        let mut last_change = Instant::now();
+        let mut last_report = Instant::now();
+        loop {
+            let n = self.settled();
+            if n >= want {
+                return Ok(());
+            }
+            if n != last {
+                last = n;
+                last_change = Instant::now();
+            }
+            if last_change.elapsed() > stall {
+                bail!(
+                    "{what}: only {n} of {want} fleets settled, no progress for {stall:?}; unsettled: {:?}",
+                    self.unsettled(5)
+                );
+            }
+            if last_report.elapsed() > Duration::from_secs(15) {
+                progress(&format!("[scale] {what}: {n} of {want} fleets settled"));
+                last_report = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        wait_all_settled(
+    }
+}
+
+impl Drop for Board {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whether the operator binary accepts `flags` after `run --local-test` (clap refuses an
+/// unknown flag before it gets to `--help`).
+pub fn accepts(operator_bin: &std::path::Path, flags: &[String]) -> bool {
+    std::process::Command::new(operator_bin)
+        .args(["run", "--local-test"])
+        .args(flags)
+        .arg("--help")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Runs the scale bed. Its namespaces stay until [`Bed::down`].
+pub async fn run(
+    bed: &mut Bed,
+    cfg: &ScaleConfig,
+    operator_bin: &std::path::Path,
+) -> Result<ScaleResult> {
+    let mut out = ScaleResult {
+        members: cfg.members,
+        fleets_per_namespace: cfg.per_namespace,
+        batch: cfg.batch,
+        window_s: cfg.window.as_secs_f64(),
+        active_fraction: cfg.active_fraction,
+        rounds: cfg.rounds,
+        ..ScaleResult::default()
+    };
+    let mut designs = Vec::new();
+    for d in &cfg.designs {
+        if accepts(operator_bin, &d.flags()) {
+            designs.push(*d);
+        } else {
+            let why = format!(
+                "{} does not accept {} (not in this build)",
+                operator_bin.display(),
+                d.flags().join(" ")
+            );
+            progress(&format!("[scale] design {} skipped: {why}", d.name()));
+            out.skipped_designs.insert(d.name().into(), why);
+        }
+    }
+    let board = Board::start(&bed.client, &bed.run_id);
+    let mut fleets: Vec<FleetRef> = Vec::new();
+    let mut namespaces: Vec<String> = Vec::new();
+    let mut running = "cached (default flags)".to_string();
+    for &size in &cfg.sizes {
+        let creation = grow(
             bed,
-            &namespaces,
+            cfg,
+            &board,
+            &mut fleets,
+            &mut namespaces,
             size,
-            Duration::from_secs(120 + 3 * size as u64),
+            &running,
         )
         .await?;
-        let settle_s = step_start.elapsed().as_secs_f64();
-        let (settled, quiet) = bed
-            .metrics
-            .quiet(cfg.quiet, Duration::from_secs(120))
-            .await?;
-        let new_namespaces = namespaces.len() - namespaces_before;
-        if streams.per_namespace.is_none() && new_namespaces > 0 {
-            // Watches opened while this step's namespaces got their first fleets (steps last
-            // seconds, far less than the 290 s after which a watch is re-opened).
-            let opened = settled
-                .since(&before_step)
-                .count(|v, r| v == "watch" && r != "celldfleets");
-            streams.per_namespace = Some(opened / new_namespaces as f64);
-        }
-        progress(&format!(
-            "[scale] {size} fleets settled in {settle_s:.0} s{}",
-            if quiet {
-                ""
-            } else {
-                " (operator still busy after 120 s)"
-            }
-        ));
-        {
-            let (rss_kib, hwm_kib) = bed.operator().memory_kib()?;
+        let mut results = Vec::new();
+        for &design in &designs {
             progress(&format!(
-                "[scale] {size} fleets: operator RSS {} MiB",
-                rss_kib / 1024
+                "[scale] {size} fleets, design {}: fresh operator process{}",
+                design.name(),
+                if design.flags().is_empty() {
+                    String::new()
+                } else {
+                    format!(" with {}", design.flags().join(" "))
+                }
             ));
-            out.memory.push(Memory {
-                fleets: size,
-                namespaces: namespaces.len(),
-                rss_kib,
-                hwm_kib,
-                settle_s,
-            });
+            let r = measure_design(bed, cfg, &board, &fleets, size, design).await?;
+            running = design.name().to_string();
+            results.push(r);
         }
-        if cfg.at_rest.contains(&size) {
-            progress(&format!(
-                "[scale] {size} fleets at rest: counting requests for {:?}",
-                cfg.window
-            ));
-            let before = bed.metrics.snapshot().await?;
-            bed.operator_audit()?;
-            tokio::time::sleep(cfg.window).await;
-            let after = bed.metrics.snapshot().await?;
-            let audited = bed.operator_audit()?;
-            let unsettled = count_settled(bed, &namespaces)
-                .await
-                .map(|n| size - n.min(size))?;
-            let mut figures = at_rest(
-                &after.since(&before),
-                size,
-                namespaces.len(),
-                unsettled,
-                quiet,
-            );
-            let minutes = figures.window_s / 60.0;
-            figures.audited_writes_per_min =
-                audited.into_iter().map(|(k, v)| (k, v / minutes)).collect();
-            out.at_rest.push(figures);
-        }
+        out.sizes.push(SizeResult {
+            fleets: size,
+            namespaces: namespaces.len(),
+            pods: size * cfg.members as usize,
+            creation,
+            ratios: ratios(&results),
+            designs: results,
+        });
     }
-    if created > 0 {
-        let idle = idle_reconcile(bed, &namespaces, created, cfg.quiet).await?;
-        for a in &mut out.at_rest {
-            a.estimated_long_run_per_fleet_per_min = long_run_estimate(a, &streams, &idle);
-        }
-        out.idle_reconcile = Some(idle);
-    }
-    out.watch_streams = streams;
     Ok(out)
 }
 
-/// Touches an annotation on every fleet and counts what the reconciles it causes send.
-async fn idle_reconcile(
+/// Creates fleets up to `size`, at most `cfg.batch` of them created and not yet settled.
+async fn grow(
     bed: &Bed,
-    namespaces: &[String],
-    fleets: usize,
-    quiet: Duration,
-) -> Result<IdleReconcile> {
-    progress(&format!(
-        "[scale] idle reconcile: touching an annotation on all {fleets} fleets"
-    ));
-    let (before, _) = bed.metrics.quiet(quiet, Duration::from_secs(120)).await?;
-    bed.operator_audit()?;
-    let touch = serde_json::json!({"metadata": {"annotations": {"bench.celld.eric.dev/touch": bed.run_id}}});
-    for ns in namespaces {
-        let api = Api::<CelldFleet>::namespaced(bed.client.clone(), ns);
-        for f in api.list(&ListParams::default()).await?.items {
-            api.patch(
-                &f.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&touch),
-            )
-            .await?;
-        }
+    cfg: &ScaleConfig,
+    board: &Board,
+    fleets: &mut Vec<FleetRef>,
+    namespaces: &mut Vec<String>,
+    size: usize,
+    running: &str,
+) -> Result<Creation> {
+    let started = Instant::now();
+    let first = fleets.len();
+    let per_ns = cfg.per_namespace.max(1);
+    if size > first {
+        progress(&format!(
+            "[scale] creating fleets {first}..{size}: PersistentFleet, {} no-process members each, {per_ns} per namespace, at most {} in flight",
+            cfg.members, cfg.batch
+        ));
     }
-    let (after, _) = bed.metrics.quiet(quiet, Duration::from_secs(300)).await?;
-    let d = after.since(&before);
-    let n = fleets as f64;
-    let audited = bed.operator_audit()?;
-    let total = d.count(|_, r| !BACKGROUND_RESOURCES.contains(&r)) / n;
-    Ok(IdleReconcile {
-        fleets,
-        reconciles_per_fleet: d.reconciles / n,
-        requests_per_fleet: d
-            .requests
-            .iter()
-            .filter(|((_, r), _)| !BACKGROUND_RESOURCES.contains(&r.as_str()))
-            .map(|((v, r), c)| (format!("{v} {r}"), c / n))
-            .collect(),
-        total_per_fleet: total,
-        writes_per_fleet: d.writes() / n,
-        rejected_per_fleet: crate::audit::rejected(&audited)
-            .into_iter()
-            .map(|(k, v)| (k, v / n))
-            .collect(),
-        resync_per_fleet_per_min: total / 10.0,
+    let mut last_report = Instant::now();
+    let mut last_settled = board.settled();
+    let mut last_change = Instant::now();
+    loop {
+        let settled = board.settled();
+        if fleets.len() >= size && settled >= size {
+            break;
+        }
+        let in_flight = fleets.len().saturating_sub(settled);
+        let room = cfg
+            .batch
+            .max(1)
+            .saturating_sub(in_flight)
+            .min(size - fleets.len().min(size));
+        if room > 0 {
+            let from = fleets.len();
+            while namespaces.len() < (from + room).div_ceil(per_ns) {
+                namespaces.push(bed.namespace(&format!("s{}", namespaces.len())).await?);
+            }
+            let jobs: Vec<(String, String)> = (from..from + room)
+                .map(|i| (namespaces[i / per_ns].clone(), format!("f{i:04}")))
+                .collect();
+            let created: Vec<FleetRef> = futures::stream::iter(jobs)
+                .map(|(ns, name)| create_fleet(bed, ns, name, cfg.members))
+                .buffered(8)
+                .try_collect()
+                .await?;
+            fleets.extend(created);
+        }
+        if settled != last_settled {
+            last_settled = settled;
+            last_change = Instant::now();
+        } else if last_change.elapsed() > STEP_LIMIT {
+            bail!(
+                "growing to {size} fleets: {settled} settled, none more for {STEP_LIMIT:?}; unsettled: {:?}",
+                board.unsettled(5)
+            );
+        }
+        if last_report.elapsed() >= Duration::from_secs(10) {
+            let done = settled.saturating_sub(first);
+            let secs = started.elapsed().as_secs_f64();
+            let rate = done as f64 / secs;
+            let eta = if rate > 0.0 {
+                format!("ETA {:.0} s", (size.saturating_sub(settled)) as f64 / rate)
+            } else {
+                "ETA unknown".into()
+            };
+            progress(&format!(
+                "[scale] [{settled}/{size}] fleets settled, {} created, {rate:.2} fleets/s, {eta}",
+                fleets.len()
+            ));
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let created = size.saturating_sub(first);
+    if created > 0 {
+        progress(&format!(
+            "[scale] [{size}/{size}] fleets settled: {created} created in {seconds:.0} s ({:.2} fleets/s)",
+            created as f64 / seconds
+        ));
+    }
+    Ok(Creation {
+        created,
+        seconds,
+        fleets_per_s: if seconds > 0.0 {
+            created as f64 / seconds
+        } else {
+            0.0
+        },
+        operator: running.to_string(),
     })
 }
 
-fn at_rest(d: &Delta, fleets: usize, namespaces: usize, unsettled: usize, quiet: bool) -> AtRest {
-    let minutes = d.seconds / 60.0;
-    let per_fleet_min = |n: f64| {
-        if fleets == 0 {
-            0.0
-        } else {
-            n / fleets as f64 / minutes
-        }
-    };
-    let mut by_verb = BTreeMap::new();
-    for ((verb, resource), n) in &d.requests {
-        if !BACKGROUND_RESOURCES.contains(&resource.as_str()) {
-            *by_verb.entry(verb.clone()).or_insert(0.0) += per_fleet_min(*n);
+async fn create_fleet(bed: &Bed, ns: String, name: String, members: i32) -> Result<FleetRef> {
+    let mut f = fleet(&name, "PersistentFleet", members, &bed.bucket(&ns, &name))?;
+    f.metadata.labels = Some([(SCALE_LABEL.to_string(), bed.run_id.clone())].into());
+    let created = Api::<CelldFleet>::namespaced(bed.client.clone(), &ns)
+        .create(&PostParams::default(), &f)
+        .await
+        .with_context(|| format!("creating fleet {ns}/{name}"))?;
+    Ok(FleetRef {
+        uid: created.uid().unwrap_or_default(),
+        ns,
+        name,
+    })
+}
+
+/// Scrape period of the scale bed (a scrape of a thousand fleets' series is a few hundred
+/// KiB the operator encodes): fine while a figure is short, coarser later.
+fn poll_period(since: Instant) -> Duration {
+    if since.elapsed() < Duration::from_secs(5) {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(1)
+    }
+}
+
+async fn measure_design(
+    bed: &mut Bed,
+    cfg: &ScaleConfig,
+    board: &Board,
+    fleets: &[FleetRef],
+    size: usize,
+    design: Design,
+) -> Result<DesignResult> {
+    let startup = start_up(bed, cfg, board, size, design).await?;
+    progress(&format!(
+        "[scale] {size} fleets, {}: ready + leader {}, every fleet reconciled {}, settled and quiet {:.1} s",
+        design.name(),
+        secs(startup.ready_s),
+        secs(startup.all_reconciled_s),
+        startup.settled_quiet_s
+    ));
+
+    // At rest.
+    let (_, quiet_before) = bed
+        .metrics
+        .quiet_every(
+            cfg.quiet,
+            Duration::from_secs(300),
+            Duration::from_secs(1),
+            true,
+        )
+        .await?;
+    progress(&format!(
+        "[scale] {size} fleets, {}: at rest, counting every request for {:?}",
+        design.name(),
+        cfg.window
+    ));
+    bed.audit_skip()?;
+    let before = bed.metrics.snapshot().await?;
+    let cpu_before = bed.operator().cpu_seconds()?;
+    let window_end = Instant::now() + cfg.window;
+    let mut last_report = Instant::now();
+    while Instant::now() < window_end {
+        let left = window_end.saturating_duration_since(Instant::now());
+        tokio::time::sleep(left.min(Duration::from_secs(5))).await;
+        bed.operator
+            .as_mut()
+            .context("no operator")?
+            .check_running()?;
+        let left = window_end.saturating_duration_since(Instant::now());
+        if last_report.elapsed() >= Duration::from_secs(60) && !left.is_zero() {
+            progress(&format!(
+                "[scale] {size} fleets, {}: at rest, {:.0} s of {:.0} s",
+                design.name(),
+                cfg.window.as_secs_f64() - left.as_secs_f64(),
+                cfg.window.as_secs_f64()
+            ));
+            last_report = Instant::now();
         }
     }
+    let after = bed.metrics.snapshot().await?;
+    let cpu_after = bed.operator().cpu_seconds()?;
+    let (rss_kib, hwm_kib) = bed.operator().memory_kib()?;
+    let audited = bed.operator_audit()?;
+    let d = after.since(&before);
+    let minutes = d.seconds / 60.0;
+    let at_rest = at_rest(
+        &d,
+        size,
+        audited,
+        size.saturating_sub(board.settled()),
+        quiet_before,
+    );
+    let cpu_s_per_min = (cpu_after - cpu_before) / minutes;
+    progress(&format!(
+        "[scale] {size} fleets, {}: {:.3} requests/fleet/min (Lease excluded), {:.1} Lease requests/min, {:.1} reconciles/min, RSS {:.1} MiB, CPU {:.2} s/min",
+        design.name(),
+        at_rest.requests_per_fleet_per_min,
+        at_rest.lease_requests_per_min,
+        at_rest.reconciles_per_min,
+        rss_kib as f64 / 1024.0,
+        cpu_s_per_min
+    ));
+
+    // Reaction under load, then the same with a hot fleet.
+    let k = ((cfg.active_fraction * size as f64).round() as usize)
+        .max(2)
+        .min(size);
+    let active = &fleets[..k];
+    let tag = format!("{}{}", size, &design.name()[..1]);
+    progress(&format!(
+        "[scale] {size} fleets, {}: reaction under load, {k} fleets active ({} scaling {}→{}→{}, {} restarting), {} rounds",
+        design.name(),
+        k.div_ceil(2),
+        cfg.members,
+        cfg.members + 1,
+        cfg.members,
+        k / 2,
+        cfg.rounds
+    ));
+    let reaction = react(bed, cfg, board, active, &format!("{tag}r"), false).await?;
+    progress(&format!(
+        "[scale] {size} fleets, {}: reaction {}",
+        design.name(),
+        summary_line(&reaction)
+    ));
+    let fairness = fairness(bed, cfg, board, active, size, design, &tag, &reaction).await?;
+    bed.operator
+        .as_mut()
+        .context("no operator")?
+        .check_running()?;
+    Ok(DesignResult {
+        design: design.name().into(),
+        flags: design.flags(),
+        startup,
+        at_rest,
+        rss_kib,
+        hwm_kib,
+        cpu_s_per_min,
+        cached_objects: after.cached_objects,
+        reaction,
+        fairness: Some(fairness),
+    })
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |s| format!("{s:.1} s"))
+}
+
+fn summary_line(r: &Reaction) -> String {
+    match &r.all_ms {
+        Some(s) => format!(
+            "n {}, p50 {:.0} ms, p99 {:.0} ms{}{}",
+            s.n,
+            s.median,
+            s.p99,
+            if r.timeouts > 0 {
+                format!(", {} timed out", r.timeouts)
+            } else {
+                String::new()
+            },
+            if r.unobserved_settles > 0 {
+                format!(", {} settles not seen", r.unobserved_settles)
+            } else {
+                String::new()
+            }
+        ),
+        None => format!("no samples ({} timed out)", r.timeouts),
+    }
+}
+
+/// Restarts the operator with the design's flags and times its start-up.
+async fn start_up(
+    bed: &mut Bed,
+    cfg: &ScaleConfig,
+    board: &Board,
+    size: usize,
+    design: Design,
+) -> Result<Startup> {
+    let spawned = bed.restart_operator_with(design.flags()).await?;
+    let ready_limit = Duration::from_secs(120) + Duration::from_millis(200 * size as u64);
+    let ready_s = loop {
+        bed.operator
+            .as_mut()
+            .context("no operator")?
+            .check_running()?;
+        if crate::scrape::ready(&bed.health).await && bed.metrics.is_leader().await {
+            break spawned.elapsed().as_secs_f64();
+        }
+        if spawned.elapsed() > ready_limit {
+            bail!(
+                "the operator ({}) was not ready and leader within {ready_limit:?}; log: {}",
+                design.name(),
+                bed.operator().log.display()
+            );
+        }
+        tokio::time::sleep(poll_period(spawned)).await;
+    };
+    let first = bed.metrics.snapshot().await?;
+    let mut all_reconciled_s = None;
+    if first.fleets_reconciled.is_some() {
+        let limit = Duration::from_secs(120) + Duration::from_secs(size as u64);
+        loop {
+            let s = bed.metrics.snapshot().await?;
+            if s.fleets_reconciled.unwrap_or(0.0) >= size as f64 {
+                all_reconciled_s = Some(spawned.elapsed().as_secs_f64());
+                break;
+            }
+            if spawned.elapsed() > limit {
+                progress(&format!(
+                    "[scale] {}: celld_operator_fleets_reconciled {} < {size} after {limit:?} (reported n/a)",
+                    design.name(),
+                    s.fleets_reconciled.unwrap_or(0.0)
+                ));
+                break;
+            }
+            bed.operator
+                .as_mut()
+                .context("no operator")?
+                .check_running()?;
+            tokio::time::sleep(poll_period(spawned)).await;
+        }
+    }
+    board
+        .wait_settled(size, STEP_LIMIT, "after the operator start")
+        .await?;
+    let (quiet, _) = bed
+        .metrics
+        .quiet_every(
+            cfg.quiet,
+            Duration::from_secs(300),
+            Duration::from_secs(1),
+            true,
+        )
+        .await?;
+    // The gauge is set once the leader is ready; read it late so it is surely set.
+    let d = quiet.since(&crate::scrape::Snapshot::default());
+    let n = size.max(1) as f64;
+    Ok(Startup {
+        ready_s: Some(ready_s),
+        leader_ready_metric_s: quiet.leader_ready_seconds,
+        all_reconciled_s,
+        // The quiet period itself is not start-up work.
+        settled_quiet_s: (spawned.elapsed().saturating_sub(cfg.quiet)).as_secs_f64(),
+        requests_per_fleet: d.fleet_requests() / n,
+        reconciles_per_fleet: d.reconciles / n,
+    })
+}
+
+fn at_rest(
+    d: &Delta,
+    fleets: usize,
+    audited: BTreeMap<String, f64>,
+    unsettled: usize,
+    quiet: bool,
+) -> AtRest {
+    let minutes = d.seconds / 60.0;
+    let per_fleet_min = |n: f64| n / fleets.max(1) as f64 / minutes;
+    let per_min = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        m.iter().map(|(k, v)| (k.clone(), v / minutes)).collect()
+    };
     AtRest {
-        fleets,
-        namespaces,
         window_s: d.seconds,
-        per_fleet_per_min: per_fleet_min(d.count(|_, _| true)),
-        per_fleet_per_min_by_verb: by_verb,
+        requests_per_fleet_per_min: per_fleet_min(d.fleet_requests()),
         writes_per_fleet_per_min: per_fleet_min(d.writes()),
+        lease_requests_per_min: d.lease_requests() / minutes,
+        per_fleet_per_min_by_request: d
+            .requests
+            .iter()
+            .filter(|((_, r), _)| !crate::scrape::BACKGROUND_RESOURCES.contains(&r.as_str()))
+            .map(|((v, r), n)| (format!("{v} {r}"), per_fleet_min(*n)))
+            .collect(),
         per_min_by_request: d
             .requests
             .iter()
             .map(|((v, r), n)| (format!("{v} {r}"), n / minutes))
             .collect(),
         reconciles_per_min: d.reconciles / minutes,
+        passes_per_min: d.passes.as_ref().map(per_min),
+        escalations: d.escalations.clone(),
+        reconcile_errors: d.errors.clone(),
+        audited_writes_per_min: per_min(&audited),
         unsettled_after: unsettled,
         quiet_before: quiet,
-        audited_writes_per_min: BTreeMap::new(),
-        estimated_long_run_per_fleet_per_min: None,
     }
 }
 
-/// Fleets settled at 1 member across `namespaces`.
-async fn count_settled(bed: &Bed, namespaces: &[String]) -> Result<usize> {
-    let mut n = 0;
-    for ns in namespaces {
-        let list = Api::<CelldFleet>::namespaced(bed.client.clone(), ns)
-            .list(&ListParams::default())
-            .await?;
-        n += list.items.iter().filter(|f| fleet_settled(f, 1)).count();
-    }
-    Ok(n)
+/// What one active fleet measured.
+#[derive(Default)]
+struct Samples {
+    growth: Vec<f64>,
+    contraction: Vec<f64>,
+    restart: Vec<f64>,
+    unobserved: usize,
+    timeouts: usize,
+    operations: usize,
 }
 
-async fn wait_all_settled(
+const GROWTH: &str = "fleet replicas n→n+1 → workload replicas n→n+1 written (growth)";
+const CONTRACTION: &str =
+    "settled at n+1 → workload replicas n+1→n written (contraction queued during the growth)";
+const RESTART: &str = "fleet restart token → workload template written (rolling restart)";
+
+/// The reaction under load: every active fleet runs `cfg.rounds` operations at the same time
+/// (even positions scale `members → members+1 → members`, odd ones restart by token), timed
+/// through the bench's own watches.
+async fn react(
     bed: &Bed,
-    namespaces: &[String],
-    want: usize,
-    within: Duration,
-) -> Result<()> {
-    let deadline = Instant::now() + within;
-    let mut last_report = Instant::now();
+    cfg: &ScaleConfig,
+    board: &Board,
+    active: &[FleetRef],
+    tag: &str,
+    hot: bool,
+) -> Result<Reaction> {
+    let timelines = FleetTimelines::start(
+        &bed.client,
+        &active
+            .iter()
+            .map(|f| (f.ns.clone(), f.uid.clone()))
+            .collect::<Vec<_>>(),
+    );
+    // Every followed fleet seen settled through the new watches before anything starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !active
+        .iter()
+        .all(|f| timelines.fleet(&f.uid).is_some_and(|o| o.settled))
+    {
+        if Instant::now() > deadline {
+            bail!("the active fleets were not all seen settled within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // With a hot fleet the operator is never quiet (it re-checks that fleet every 2 s).
+    let before = if hot {
+        bed.metrics.snapshot().await?
+    } else {
+        bed.metrics
+            .quiet_every(
+                cfg.quiet,
+                Duration::from_secs(120),
+                Duration::from_secs(1),
+                true,
+            )
+            .await?
+            .0
+    };
+    let started = Instant::now();
+    let samples = futures::future::join_all(active.iter().enumerate().map(|(i, f)| {
+        let timelines = &timelines;
+        async move {
+            let api = Api::<CelldFleet>::namespaced(bed.client.clone(), &f.ns);
+            if i % 2 == 0 {
+                scale_rounds(&api, timelines, f, cfg.members, cfg.rounds).await
+            } else {
+                restart_rounds(&api, timelines, f, cfg.members, cfg.rounds, tag).await
+            }
+        }
+    }))
+    .await;
+    let seconds = started.elapsed().as_secs_f64();
+    let after = bed.metrics.snapshot().await?;
+    drop(timelines);
+    // Every fleet back at rest before the next phase (a timed-out one may still be moving).
+    board
+        .wait_settled(board_size(board), STEP_LIMIT, "after the reaction")
+        .await?;
+    let d = after.since(&before);
+    let minutes = d.seconds / 60.0;
+    let mut all = Samples::default();
+    for s in samples {
+        all.growth.extend(s.growth);
+        all.contraction.extend(s.contraction);
+        all.restart.extend(s.restart);
+        all.unobserved += s.unobserved;
+        all.timeouts += s.timeouts;
+        all.operations += s.operations;
+    }
+    let every: Vec<f64> = all
+        .growth
+        .iter()
+        .chain(&all.contraction)
+        .chain(&all.restart)
+        .copied()
+        .collect();
+    let per_min = |m: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+        m.iter().map(|(k, v)| (k.clone(), v / minutes)).collect()
+    };
+    Ok(Reaction {
+        active_fleets: active.len(),
+        scaling: active.len().div_ceil(2),
+        restarting: active.len() / 2,
+        rounds: cfg.rounds,
+        rows: vec![
+            ReactionRow {
+                figure: GROWTH.into(),
+                ms: summarize(&all.growth),
+            },
+            ReactionRow {
+                figure: CONTRACTION.into(),
+                ms: summarize(&all.contraction),
+            },
+            ReactionRow {
+                figure: RESTART.into(),
+                ms: summarize(&all.restart),
+            },
+        ],
+        all_ms: summarize(&every),
+        unobserved_settles: all.unobserved,
+        timeouts: all.timeouts,
+        seconds,
+        operations: all.operations,
+        requests_per_operation: (all.operations > 0)
+            .then(|| d.fleet_requests() / all.operations as f64),
+        reconciles_per_operation: (all.operations > 0)
+            .then(|| d.reconciles / all.operations as f64),
+        requests_per_min: d.fleet_requests() / minutes,
+        reconciles_per_min: d.reconciles / minutes,
+        passes_per_min: d.passes.as_ref().map(per_min),
+        escalations: d.escalations.clone(),
+    })
+}
+
+fn board_size(board: &Board) -> usize {
+    board.settled.lock().map(|m| m.len()).unwrap_or(0)
+}
+
+/// Waits until `done(marks since from, fleet)` or [`STEP_LIMIT`]; `false` on timeout.
+async fn wait_for(
+    timelines: &FleetTimelines,
+    uid: &str,
+    from: usize,
+    done: impl Fn(&[crate::timeline::Stamped], &crate::timeline::FleetObs) -> bool,
+) -> bool {
+    let deadline = Instant::now() + STEP_LIMIT;
     loop {
-        let n = count_settled(bed, namespaces).await?;
-        if n >= want {
-            return Ok(());
+        let marks = timelines.marks_since(uid, from);
+        if let Some(f) = timelines.fleet(uid) {
+            if done(&marks, &f) {
+                return true;
+            }
         }
         if Instant::now() > deadline {
-            bail!("only {n} of {want} fleets settled after {within:?}");
+            return false;
         }
-        if last_report.elapsed() > Duration::from_secs(15) {
-            progress(&format!("[scale] {n} of {want} fleets settled"));
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+async fn merge(api: &Api<CelldFleet>, name: &str, patch: serde_json::Value) -> Result<()> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("patching fleet {name}"))?;
+    Ok(())
+}
+
+/// `rounds` times: `spec.replicas` n → n+1; as soon as the growth write is seen, back to n
+/// (the contraction is planned once the workload rolled out at n+1); then wait until the fleet
+/// is settled at n again.
+async fn scale_rounds(
+    api: &Api<CelldFleet>,
+    timelines: &FleetTimelines,
+    f: &FleetRef,
+    n: i32,
+    rounds: usize,
+) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..rounds {
+        let from = timelines.marks_len(&f.uid);
+        if let Err(e) = merge(api, &f.name, json!({"spec": {"replicas": n + 1}})).await {
+            progress(&format!("[scale] {}/{}: {e:#}", f.ns, f.name));
+            s.timeouts += 1;
+            break;
+        }
+        let grown = |m: &[crate::timeline::Stamped], _: &crate::timeline::FleetObs| {
+            m.iter()
+                .any(|m| m.mark == Mark::WorkloadReplicas { from: n, to: n + 1 })
+        };
+        if !wait_for(timelines, &f.uid, from, grown).await {
+            progress(&format!(
+                "[scale] {}/{}: growth write not seen within {STEP_LIMIT:?}",
+                f.ns, f.name
+            ));
+            s.timeouts += 1;
+            break;
+        }
+        if let Err(e) = merge(api, &f.name, json!({"spec": {"replicas": n}})).await {
+            progress(&format!("[scale] {}/{}: {e:#}", f.ns, f.name));
+            s.timeouts += 1;
+            break;
+        }
+        let back = |m: &[crate::timeline::Stamped], o: &crate::timeline::FleetObs| {
+            o.replicas == n
+                && o.settled
+                && m.iter()
+                    .any(|m| m.mark == Mark::WorkloadReplicas { from: n + 1, to: n })
+        };
+        if !wait_for(timelines, &f.uid, from, back).await {
+            progress(&format!(
+                "[scale] {}/{}: contraction not settled within {STEP_LIMIT:?}",
+                f.ns, f.name
+            ));
+            s.timeouts += 1;
+            break;
+        }
+        let marks = timelines.marks_since(&f.uid, from);
+        if let Some(ms) = request_to_write(
+            &marks,
+            |m| *m == Mark::FleetReplicas(n + 1),
+            |m| matches!(m, Mark::WorkloadReplicas { from, to } if to > from),
+        ) {
+            s.growth.push(ms);
+        }
+        s.operations += 2;
+        match settled_to_decrease(&marks, n) {
+            Ok(Some(ms)) => s.contraction.push(ms),
+            Ok(None) => {}
+            Err(()) => s.unobserved += 1,
+        }
+    }
+    s
+}
+
+/// `rounds` times: a new `spec.maintenance.restartToken`; wait until the fleet reports it
+/// applied and is settled.
+async fn restart_rounds(
+    api: &Api<CelldFleet>,
+    timelines: &FleetTimelines,
+    f: &FleetRef,
+    n: i32,
+    rounds: usize,
+    tag: &str,
+) -> Samples {
+    let mut s = Samples::default();
+    for round in 0..rounds {
+        let from = timelines.marks_len(&f.uid);
+        let token = format!("{tag}-{}-{round}", f.name);
+        let patch = json!({"spec": {"maintenance": {"restartToken": token}}});
+        if let Err(e) = merge(api, &f.name, patch).await {
+            progress(&format!("[scale] {}/{}: {e:#}", f.ns, f.name));
+            s.timeouts += 1;
+            break;
+        }
+        let done = |m: &[crate::timeline::Stamped], o: &crate::timeline::FleetObs| {
+            o.replicas == n
+                && o.settled
+                && o.last_token.as_deref() == Some(token.as_str())
+                && m.iter().any(|m| m.mark == Mark::WorkloadTemplate)
+        };
+        if !wait_for(timelines, &f.uid, from, done).await {
+            progress(&format!(
+                "[scale] {}/{}: restart not settled within {STEP_LIMIT:?}",
+                f.ns, f.name
+            ));
+            s.timeouts += 1;
+            break;
+        }
+        let marks = timelines.marks_since(&f.uid, from);
+        if let Some(ms) = request_to_write(
+            &marks,
+            |m| matches!(m, Mark::FleetToken(_)),
+            |m| *m == Mark::WorkloadTemplate,
+        ) {
+            s.restart.push(ms);
+        }
+        s.operations += 1;
+    }
+    s
+}
+
+/// The reaction again, with one extra fleet whose rolling upgrade to an image the test
+/// kubelet cannot pull never finishes (its open operation is re-checked every 2 s); the hot
+/// fleet is deleted afterwards.
+#[allow(clippy::too_many_arguments)]
+async fn fairness(
+    bed: &Bed,
+    cfg: &ScaleConfig,
+    board: &Board,
+    active: &[FleetRef],
+    size: usize,
+    design: Design,
+    tag: &str,
+    without: &Reaction,
+) -> Result<Fairness> {
+    let ns = bed
+        .namespace(&format!("hot{size}{}", &design.name()[..1]))
+        .await?;
+    let api = Api::<CelldFleet>::namespaced(bed.client.clone(), &ns);
+    let name = "hot";
+    api.create(
+        &PostParams::default(),
+        &fleet(name, "PersistentFleet", cfg.members, &bed.bucket(&ns, name))?,
+    )
+    .await?;
+    let members = cfg.members;
+    wait_fleet(&api, name, STEP_LIMIT, "the hot fleet provisioned", |f| {
+        fleet_settled(f, members)
+    })
+    .await?;
+    let image = hot_image();
+    merge(&api, name, json!({"spec": {"runtimeImage": image}})).await?;
+    wait_fleet(
+        &api,
+        name,
+        STEP_LIMIT,
+        "the hot fleet's upgrade open",
+        |f| {
+            f.status
+                .as_ref()
+                .is_some_and(|s| s.current_operation.is_some())
+        },
+    )
+    .await?;
+    // Let the StatefulSet controller replace the first member with one that cannot start.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    progress(&format!(
+        "[scale] {size} fleets, {}: hot fleet {ns}/{name} upgrading to an unpullable image; reaction again",
+        design.name()
+    ));
+    let with_hot = react(bed, cfg, board, active, &format!("{tag}h"), true).await?;
+    progress(&format!(
+        "[scale] {size} fleets, {}: reaction with the hot fleet {}",
+        design.name(),
+        summary_line(&with_hot)
+    ));
+    let hot_operation = api.get_opt(name).await?.and_then(|f| {
+        f.status.and_then(|s| {
+            s.current_operation
+                .map(|o| format!("{:?} {:?}", o.kind, o.phase))
+        })
+    });
+    remove_hot(bed, &api, &ns, name).await?;
+    Ok(Fairness {
+        hot_fleet: format!("{ns}/{name}"),
+        hot_image: image,
+        hot_operation,
+        p99_without_ms: without.all_ms.as_ref().map(|s| s.p99),
+        p99_with_ms: with_hot.all_ms.as_ref().map(|s| s.p99),
+        with_hot,
+    })
+}
+
+/// Deletes the hot fleet through the operator (finalizer stripped if that takes over 3
+/// minutes) and its namespace, which is left to go in the background.
+async fn remove_hot(bed: &Bed, api: &Api<CelldFleet>, ns: &str, name: &str) -> Result<()> {
+    let _ = api.delete(name, &DeleteParams::default()).await;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while api.get_opt(name).await?.is_some() {
+        if Instant::now() > deadline {
+            progress(&format!(
+                "[scale] the hot fleet {ns}/{name} was not deleted within 180 s: stripping its finalizer"
+            ));
+            let strip = json!({"metadata": {"finalizers": null}});
+            let _ = api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&strip))
+                .await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(bed.client.clone())
+        .delete(ns, &DeleteParams::default())
+        .await;
+    Ok(())
 }

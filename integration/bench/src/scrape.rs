@@ -1,7 +1,10 @@
 //! Reading the operator's `/metrics`: API requests by verb and resource
 //! (`celld_operator_api_requests_total`, counted by a tower layer on the operator's client,
-//! src/metrics.rs), reconciles, reconcile errors and journal appends; deltas between two
-//! scrapes; waiting until the operator is quiet.
+//! src/metrics.rs), reconciles, reconcile errors and journal appends; the reflector-cache
+//! figures (`celld_operator_reconcile_passes_total{pass}`,
+//! `celld_operator_cache_escalations_total{cause}`, `celld_operator_fleets_reconciled`,
+//! `celld_operator_leader_ready_seconds`), each `None` when the binary does not export it;
+//! deltas between two scrapes; waiting until the operator is quiet; `/readyz`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,6 +34,21 @@ pub struct Snapshot {
     pub errors: BTreeMap<String, f64>,
     /// `celld_journal_appends_total` by entry type, summed over fleets.
     pub appends: BTreeMap<String, f64>,
+    /// `celld_operator_reconcile_passes_total` by `pass` (`cached`, `fresh`); `None` when the
+    /// operator does not export it.
+    pub passes: Option<BTreeMap<String, f64>>,
+    /// `celld_operator_cache_escalations_total` by `cause`; `None` when not exported.
+    pub escalations: Option<BTreeMap<String, f64>>,
+    /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
+    pub fleets_reconciled: Option<f64>,
+    /// `celld_operator_leader_ready_seconds` (gauge, set once); `None` when not exported or
+    /// still 0 (not set yet).
+    pub leader_ready_seconds: Option<f64>,
+    /// `celld_operator_leader` (1 while this replica holds the Lease).
+    pub leader: Option<f64>,
+    /// `celld_operator_cached_objects` (objects in the watch-fed caches); `None` when not
+    /// exported.
+    pub cached_objects: Option<f64>,
 }
 
 impl Snapshot {
@@ -51,14 +69,26 @@ impl Snapshot {
             reconciles: self.reconciles - before.reconciles,
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
+            passes: self.passes.as_ref().map(|a| {
+                let empty = BTreeMap::new();
+                sub(a, before.passes.as_ref().unwrap_or(&empty))
+            }),
+            escalations: self.escalations.as_ref().map(|a| {
+                let empty = BTreeMap::new();
+                sub(a, before.escalations.as_ref().unwrap_or(&empty))
+            }),
         }
     }
 
-    /// Every request except the leader-election loop's.
-    fn fleet_work(&self) -> f64 {
+    /// Every request except the leader-election loop's (and watches with `ignore_watches`).
+    fn fleet_work(&self, ignore_watches: bool) -> f64 {
         self.requests
             .iter()
-            .filter(|((_, r), _)| !BACKGROUND_RESOURCES.contains(&r.as_str()))
+            .filter(|((v, r), _)| {
+                let lease = BACKGROUND_RESOURCES.contains(&r.as_str());
+                let watch = ignore_watches && v == "watch";
+                !lease && !watch
+            })
             .map(|(_, v)| v)
             .sum()
     }
@@ -77,6 +107,10 @@ pub struct Delta {
     pub errors: BTreeMap<String, f64>,
     /// Journal entries appended by type.
     pub appends: BTreeMap<String, f64>,
+    /// Reconcile passes by `pass` (`None`: not exported by the operator).
+    pub passes: Option<BTreeMap<String, f64>>,
+    /// Cache escalations by `cause` (`None`: not exported by the operator).
+    pub escalations: Option<BTreeMap<String, f64>>,
 }
 
 impl Delta {
@@ -117,8 +151,49 @@ impl Delta {
             reconciles: self.reconciles / n,
             errors: div(&self.errors),
             appends: div(&self.appends),
+            passes: self.passes.as_ref().map(div),
+            escalations: self.escalations.as_ref().map(div),
         }
     }
+
+    /// Requests to the leader Lease (the leader-election loop).
+    pub fn lease_requests(&self) -> f64 {
+        self.count(|_, resource| BACKGROUND_RESOURCES.contains(&resource))
+    }
+
+    /// Every request except the Lease's.
+    pub fn fleet_requests(&self) -> f64 {
+        self.count(|_, resource| !BACKGROUND_RESOURCES.contains(&resource))
+    }
+}
+
+/// `HTTP/1.1 GET path` on a loopback address: the status line and the body (the operator
+/// answers and closes).
+pub async fn http_get(addr: &str, path: &str) -> Result<(String, String)> {
+    let fetch = async {
+        let mut sock = tokio::net::TcpStream::connect(addr).await?;
+        let req = format!("GET {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n");
+        sock.write_all(req.as_bytes()).await?;
+        let mut out = Vec::new();
+        sock.read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).into_owned())
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .with_context(|| format!("GET http://{addr}{path} timed out"))?
+        .with_context(|| format!("GET http://{addr}{path}"))?;
+    let Some((head, body)) = raw.split_once("\r\n\r\n") else {
+        bail!("malformed answer to GET {path}: {raw:.200}");
+    };
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// `/readyz` on the operator's health address answers 200.
+pub async fn ready(addr: &str) -> bool {
+    matches!(http_get(addr, "/readyz").await, Ok((status, _)) if status.starts_with("HTTP/1.1 200"))
 }
 
 /// The operator's metrics endpoint.
@@ -131,25 +206,11 @@ pub struct MetricsEndpoint {
 impl MetricsEndpoint {
     /// `GET /metrics` (plain HTTP/1.1; the operator answers and closes).
     pub async fn text(&self) -> Result<String> {
-        let fetch = async {
-            let mut sock = tokio::net::TcpStream::connect(&self.addr).await?;
-            sock.write_all(b"GET /metrics HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n")
-                .await?;
-            let mut out = String::new();
-            sock.read_to_string(&mut out).await?;
-            Ok::<_, std::io::Error>(out)
-        };
-        let raw = tokio::time::timeout(Duration::from_secs(10), fetch)
-            .await
-            .context("scraping /metrics timed out")?
-            .with_context(|| format!("scraping http://{}/metrics", self.addr))?;
-        let Some((head, body)) = raw.split_once("\r\n\r\n") else {
-            bail!("malformed /metrics answer: {raw:.200}");
-        };
-        if !head.starts_with("HTTP/1.1 200") {
-            bail!("/metrics answered {}", head.lines().next().unwrap_or(""));
+        let (status, body) = http_get(&self.addr, "/metrics").await?;
+        if !status.starts_with("HTTP/1.1 200") {
+            bail!("/metrics answered {status}");
         }
-        Ok(body.to_string())
+        Ok(body)
     }
 
     /// One snapshot of the counters.
@@ -170,16 +231,34 @@ impl MetricsEndpoint {
         }
     }
 
-    /// Waits until no request other than the Lease's was sent for `quiet`, polling every
-    /// 250 ms, at most `max`; returns the last snapshot and whether it was quiet.
+    /// Waits until no request other than the Lease's was sent and no reconcile ran for
+    /// `quiet`, polling every 250 ms, at most `max`; returns the last snapshot and whether it
+    /// was quiet.
     pub async fn quiet(&self, quiet: Duration, max: Duration) -> Result<(Snapshot, bool)> {
+        self.quiet_every(quiet, max, Duration::from_millis(250), false)
+            .await
+    }
+
+    /// [`MetricsEndpoint::quiet`] polling every `poll` (the scale bed polls less often: with
+    /// a thousand fleets one scrape is a few hundred KiB the operator has to encode), and
+    /// with `ignore_watches` not counting watch (re-)opens as activity (hundreds of watch
+    /// streams, each re-opened every few minutes, would leave no quiet gap at scale).
+    pub async fn quiet_every(
+        &self,
+        quiet: Duration,
+        max: Duration,
+        poll: Duration,
+        ignore_watches: bool,
+    ) -> Result<(Snapshot, bool)> {
         let deadline = Instant::now() + max;
         let mut last = self.snapshot().await?;
         let mut last_change = Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(poll).await;
             let now = self.snapshot().await?;
-            if now.fleet_work() != last.fleet_work() || now.reconciles != last.reconciles {
+            if now.fleet_work(ignore_watches) != last.fleet_work(ignore_watches)
+                || now.reconciles != last.reconciles
+            {
                 last_change = Instant::now();
             }
             last = now;
@@ -196,6 +275,22 @@ impl MetricsEndpoint {
 /// `name{k="v",…} value` lines → the bench's counters.
 pub fn parse(text: &str) -> Snapshot {
     let mut s = Snapshot::default();
+    // A family the operator registered but has no series of yet (e.g. no escalation so far)
+    // shows only its `# TYPE` line: present, and empty.
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        match rest.split_whitespace().next().map(family) {
+            Some("celld_operator_reconcile_passes") => {
+                s.passes.get_or_insert_with(BTreeMap::new);
+            }
+            Some("celld_operator_cache_escalations") => {
+                s.escalations.get_or_insert_with(BTreeMap::new);
+            }
+            _ => {}
+        }
+    }
     for line in text.lines() {
         if line.starts_with('#') || line.trim().is_empty() {
             continue;
@@ -224,10 +319,43 @@ pub fn parse(text: &str) -> Snapshot {
             "celld_journal_appends_total" => {
                 *s.appends.entry(label("type")).or_default() += value;
             }
-            _ => {}
+            _ => match family(name) {
+                "celld_operator_reconcile_passes" => {
+                    *s.passes
+                        .get_or_insert_with(BTreeMap::new)
+                        .entry(label("pass"))
+                        .or_default() += value;
+                }
+                "celld_operator_cache_escalations" => {
+                    *s.escalations
+                        .get_or_insert_with(BTreeMap::new)
+                        .entry(label("cause"))
+                        .or_default() += value;
+                }
+                "celld_operator_fleets_reconciled" => s.fleets_reconciled = Some(value),
+                "celld_operator_leader_ready_seconds" if value > 0.0 => {
+                    s.leader_ready_seconds = Some(value);
+                }
+                "celld_operator_leader" => s.leader = Some(value),
+                "celld_operator_cached_objects" => s.cached_objects = Some(value),
+                _ => {}
+            },
         }
     }
+    // prometheus_client writes nothing at all for a family without series (not even `# TYPE`),
+    // so a binary that counts passes and escalations but has none yet looks like one that does
+    // not export them. The gauges of the same release are always written: with them, an
+    // absent family is an empty one.
+    if s.fleets_reconciled.is_some() || s.cached_objects.is_some() {
+        s.passes.get_or_insert_with(BTreeMap::new);
+        s.escalations.get_or_insert_with(BTreeMap::new);
+    }
     s
+}
+
+/// A metric family's name without the counter suffix `_total`.
+fn family(name: &str) -> &str {
+    name.strip_suffix("_total").unwrap_or(name)
 }
 
 /// `k="v",k2="v2"` (label values here never contain quotes or commas).
@@ -267,5 +395,49 @@ mod tests {
         assert_eq!(d.errors["Conflict"], 1.0);
         assert_eq!(d.appends["Intent"], 3.0);
         assert_eq!(d.per(2.0).writes(), 1.0);
+        assert_eq!(d.lease_requests(), 2.0);
+        assert_eq!(d.fleet_requests(), 4.0);
+        assert_eq!((d.passes, d.escalations), (None, None), "not exported");
+        let gauges_only = parse("celld_operator_fleets_reconciled 0\n");
+        assert_eq!(
+            (gauges_only.passes, gauges_only.escalations),
+            (Some(BTreeMap::new()), Some(BTreeMap::new())),
+            "exported by this release, no series yet"
+        );
+        assert_eq!(after.fleets_reconciled, None);
+    }
+
+    #[test]
+    fn cache_figures_are_read_when_present_and_none_when_absent() {
+        let before = parse(
+            "# TYPE celld_operator_reconcile_passes counter\n\
+             celld_operator_reconcile_passes_total{pass=\"cached\"} 10\n\
+             # TYPE celld_operator_cache_escalations counter\n\
+             # TYPE celld_operator_fleets_reconciled gauge\n\
+             celld_operator_fleets_reconciled 3\n\
+             # TYPE celld_operator_leader_ready_seconds gauge\n\
+             celld_operator_leader_ready_seconds 0\n\
+             celld_operator_leader 1\n",
+        );
+        assert_eq!(
+            before.escalations,
+            Some(BTreeMap::new()),
+            "registered, no series yet"
+        );
+        assert_eq!(before.leader_ready_seconds, None, "0 is not set yet");
+        assert_eq!(before.leader, Some(1.0));
+        let after = parse(
+            "celld_operator_reconcile_passes_total{pass=\"cached\"} 25\n\
+             celld_operator_reconcile_passes_total{pass=\"fresh\"} 2\n\
+             celld_operator_cache_escalations_total{cause=\"get statefulsets\"} 2\n\
+             celld_operator_fleets_reconciled 5\n\
+             celld_operator_leader_ready_seconds 1.25\n",
+        );
+        assert_eq!(after.fleets_reconciled, Some(5.0));
+        assert_eq!(after.leader_ready_seconds, Some(1.25));
+        let d = after.since(&before);
+        let passes = d.passes.expect("exported");
+        assert_eq!((passes["cached"], passes["fresh"]), (15.0, 2.0));
+        assert_eq!(d.escalations.expect("exported")["get statefulsets"], 2.0);
     }
 }

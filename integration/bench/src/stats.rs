@@ -1,5 +1,5 @@
-//! Summaries of samples: median and p90 by nearest rank (no interpolation, so every reported
-//! figure is a value that was actually measured).
+//! Summaries of samples: median, p90 and p99 by nearest rank (no interpolation, so every
+//! reported figure is a value that was actually measured).
 
 use serde::Serialize;
 
@@ -14,6 +14,8 @@ pub struct Summary {
     pub median: f64,
     /// 90th percentile (nearest rank: the ⌈0.9·n⌉-th smallest).
     pub p90: f64,
+    /// 99th percentile (nearest rank: the ⌈0.99·n⌉-th smallest; the largest below 100 samples).
+    pub p99: f64,
     /// Largest sample.
     pub max: f64,
 }
@@ -36,6 +38,7 @@ pub fn summarize(samples: &[f64]) -> Option<Summary> {
         min: sorted[0],
         median: nearest_rank(&sorted, 0.5),
         p90: nearest_rank(&sorted, 0.9),
+        p99: nearest_rank(&sorted, 0.99),
         max: sorted[sorted.len() - 1],
     })
 }
@@ -58,7 +61,9 @@ mod tests {
         );
         let twelve: Vec<f64> = (1..=12).map(f64::from).collect();
         let s = summarize(&twelve).unwrap();
-        assert_eq!((s.median, s.p90), (6.0, 11.0));
+        assert_eq!((s.median, s.p90, s.p99), (6.0, 11.0, 12.0));
+        let hundred_and_one: Vec<f64> = (1..=101).map(f64::from).collect();
+        assert_eq!(summarize(&hundred_and_one).unwrap().p99, 100.0);
         assert_eq!(summarize(&[7.0]).unwrap().p90, 7.0);
         assert!(summarize(&[]).is_none());
     }

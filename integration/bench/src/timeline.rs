@@ -6,8 +6,12 @@
 //! workload's `status.observedGeneration ≥ metadata.generation`, `status.replicas ==
 //! updatedReplicas == readyReplicas == spec.replicas` (and for a StatefulSet `currentRevision ==
 //! updateRevision`), and exactly `spec.replicas` fleet Pods exist, none terminating, all Ready.
+//!
+//! [`Timeline`] follows the only fleet of a namespace (figures 1 and 2); [`FleetTimelines`]
+//! follows chosen fleets among many (the scale bed's reaction under load), with one watch per
+//! kind and namespace, routed by the fleet UID label.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -28,6 +32,14 @@ use tokio::task::JoinHandle;
 pub enum Mark {
     /// The fleet's `spec.replicas` is first seen, or changed.
     FleetReplicas(i32),
+    /// The fleet's `spec.maintenance.restartToken` changed (not marked when first seen).
+    FleetToken(String),
+    /// The fleet's status turned settled at this many members (current generation observed,
+    /// no open operation, Ready, ready == applied == spec.replicas).
+    FleetSettled(i32),
+    /// The workload's spec changed without a replica change (a template write: restart,
+    /// upgrade, template update), seen as a new `metadata.generation`.
+    WorkloadTemplate,
     /// The workload appeared with `spec.replicas`.
     WorkloadCreated(i32),
     /// The workload's `spec.replicas` changed.
@@ -45,9 +57,37 @@ pub struct Stamped {
     pub mark: Mark,
 }
 
+/// What the view keeps of the fleet object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FleetObs {
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// `spec.maintenance.restartToken`.
+    pub token: Option<String>,
+    /// [`crate::bed::fleet_settled`] at `spec.replicas`.
+    pub settled: bool,
+    /// `status.lastRestartToken`.
+    pub last_token: Option<String>,
+}
+
+impl FleetObs {
+    fn of(f: &CelldFleet) -> Self {
+        FleetObs {
+            replicas: f.spec.replicas,
+            token: f
+                .spec
+                .maintenance
+                .as_ref()
+                .and_then(|m| m.restart_token.clone()),
+            settled: crate::bed::fleet_settled(f, f.spec.replicas),
+            last_token: f.status.as_ref().and_then(|s| s.last_restart_token.clone()),
+        }
+    }
+}
+
 /// Observations from the watch tasks.
 enum Obs {
-    Fleet(Option<i32>),
+    Fleet(Option<FleetObs>),
     StatefulSet(Option<StatefulSet>),
     Deployment(Option<Deployment>),
     Pod {
@@ -59,9 +99,9 @@ enum Obs {
 
 #[derive(Default)]
 struct View {
-    fleet_replicas: Option<i32>,
-    /// `(spec.replicas, rolled out)`.
-    workload: Option<(i32, bool)>,
+    fleet: Option<FleetObs>,
+    /// `(spec.replicas, rolled out, metadata.generation)`.
+    workload: Option<(i32, bool, i64)>,
     /// Pod UID → (terminating, ready).
     pods: HashMap<String, (bool, bool)>,
     settled: bool,
@@ -71,21 +111,40 @@ impl View {
     fn apply(&mut self, obs: Obs, at: Instant, out: &mut Vec<Stamped>) {
         let mut mark = |m| out.push(Stamped { at, mark: m });
         match obs {
-            Obs::Fleet(r) => {
-                if r.is_some() && r != self.fleet_replicas {
-                    mark(Mark::FleetReplicas(r.unwrap_or(0)));
+            Obs::Fleet(f) => {
+                if let Some(new) = &f {
+                    let old = self.fleet.as_ref();
+                    if old.map(|o| o.replicas) != Some(new.replicas) {
+                        mark(Mark::FleetReplicas(new.replicas));
+                    }
+                    if let Some(o) = old {
+                        if o.token != new.token {
+                            mark(Mark::FleetToken(new.token.clone().unwrap_or_default()));
+                        }
+                    }
+                    if new.settled && !old.is_some_and(|o| o.settled) {
+                        mark(Mark::FleetSettled(new.replicas));
+                    }
                 }
-                self.fleet_replicas = r;
+                self.fleet = f;
             }
             // "Rolled out" is the operator's own definition (docs/design.md "Terms"): the bench
             // times when that predicate turns true, not an approximation of it.
             Obs::StatefulSet(s) => {
+                let generation = s.as_ref().and_then(|s| s.metadata.generation);
                 let w = s.map(|s| LiveWorkload::StatefulSet(Box::new(s)));
-                self.set_workload(w.map(|w| (w.replicas(), w.rolled_out())), &mut mark);
+                self.set_workload(
+                    w.map(|w| (w.replicas(), w.rolled_out(), generation.unwrap_or(0))),
+                    &mut mark,
+                );
             }
             Obs::Deployment(d) => {
+                let generation = d.as_ref().and_then(|d| d.metadata.generation);
                 let w = d.map(|d| LiveWorkload::Deployment(Box::new(d)));
-                self.set_workload(w.map(|w| (w.replicas(), w.rolled_out())), &mut mark);
+                self.set_workload(
+                    w.map(|w| (w.replicas(), w.rolled_out(), generation.unwrap_or(0))),
+                    &mut mark,
+                );
             }
             Obs::Pod { uid, state } => match state {
                 Some(s) => {
@@ -97,7 +156,7 @@ impl View {
             },
             Obs::PodsRelisted(live) => self.pods.retain(|uid, _| live.contains(uid)),
         }
-        let settled = self.workload.is_some_and(|(replicas, rolled_out)| {
+        let settled = self.workload.is_some_and(|(replicas, rolled_out, _)| {
             rolled_out
                 && self.pods.len() == replicas as usize
                 && self
@@ -111,11 +170,14 @@ impl View {
         self.settled = settled;
     }
 
-    fn set_workload(&mut self, w: Option<(i32, bool)>, mark: &mut impl FnMut(Mark)) {
+    fn set_workload(&mut self, w: Option<(i32, bool, i64)>, mark: &mut impl FnMut(Mark)) {
         match (self.workload, w) {
-            (None, Some((r, _))) => mark(Mark::WorkloadCreated(r)),
-            (Some((from, _)), Some((to, _))) if from != to => {
+            (None, Some((r, _, _))) => mark(Mark::WorkloadCreated(r)),
+            (Some((from, _, _)), Some((to, _, _))) if from != to => {
                 mark(Mark::WorkloadReplicas { from, to })
+            }
+            (Some((from, _, old)), Some((to, _, new))) if from == to && new > old => {
+                mark(Mark::WorkloadTemplate)
             }
             _ => {}
         }
@@ -151,7 +213,7 @@ impl Timeline {
             Api::namespaced(client.clone(), ns),
             named.clone(),
             tx.clone(),
-            |f| Obs::Fleet(f.map(|f| f.spec.replicas)),
+            |f| Obs::Fleet(f.map(|f| FleetObs::of(&f))),
         ));
         tasks.push(watch::<StatefulSet>(
             Api::namespaced(client.clone(), ns),
@@ -276,6 +338,287 @@ fn watch_pods(
     })
 }
 
+/// One followed fleet of [`FleetTimelines`].
+#[derive(Default)]
+struct Track {
+    namespace: String,
+    view: View,
+    marks: Vec<Stamped>,
+}
+
+/// An observation routed to a fleet by its UID, or a namespace's Pod relist.
+enum Routed {
+    One(String, Box<Obs>),
+    /// `(fleet UID, Pod UID)` of every fleet Pod a relist of `namespace` returned.
+    Relisted {
+        namespace: String,
+        pods: Vec<(String, String)>,
+    },
+}
+
+/// Chosen StatefulSet fleets among many (the scale bed's active fleets), each with its own view
+/// and marks; one watch per kind and namespace (fleets, StatefulSets and Pods with the fleet
+/// UID label), routed by fleet UID. Events of fleets not followed are dropped.
+pub struct FleetTimelines {
+    tracks: Arc<Mutex<HashMap<String, Track>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl FleetTimelines {
+    /// Starts following `fleets`, given as `(namespace, fleet UID)`.
+    pub fn start(client: &Client, fleets: &[(String, String)]) -> Self {
+        let tracks: HashMap<String, Track> = fleets
+            .iter()
+            .map(|(ns, uid)| {
+                (
+                    uid.clone(),
+                    Track {
+                        namespace: ns.clone(),
+                        ..Track::default()
+                    },
+                )
+            })
+            .collect();
+        let namespaces: HashSet<&String> = fleets.iter().map(|(ns, _)| ns).collect();
+        let tracks = Arc::new(Mutex::new(tracks));
+        let (tx, mut rx) = unbounded_channel::<(Instant, Routed)>();
+        let mut tasks = Vec::new();
+        let labelled = watcher::Config::default().labels(FLEET_UID_LABEL);
+        for ns in namespaces {
+            tasks.push(watch_keyed::<CelldFleet>(
+                Api::namespaced(client.clone(), ns),
+                watcher::Config::default(),
+                tx.clone(),
+                |f, deleted| {
+                    let uid = f.uid()?;
+                    Some((uid, Obs::Fleet((!deleted).then(|| FleetObs::of(f)))))
+                },
+            ));
+            tasks.push(watch_keyed::<StatefulSet>(
+                Api::namespaced(client.clone(), ns),
+                labelled.clone(),
+                tx.clone(),
+                |s, deleted| {
+                    let uid = s.labels().get(FLEET_UID_LABEL)?.clone();
+                    Some((uid, Obs::StatefulSet((!deleted).then(|| s.clone()))))
+                },
+            ));
+            tasks.push(watch_pods_keyed(
+                Api::namespaced(client.clone(), ns),
+                ns.clone(),
+                labelled.clone(),
+                tx.clone(),
+            ));
+        }
+        let sink = tracks.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some((at, routed)) = rx.recv().await {
+                let Ok(mut tracks) = sink.lock() else {
+                    return;
+                };
+                match routed {
+                    Routed::One(uid, obs) => {
+                        if let Some(t) = tracks.get_mut(&uid) {
+                            let mut out = Vec::new();
+                            t.view.apply(*obs, at, &mut out);
+                            t.marks.extend(out);
+                        }
+                    }
+                    Routed::Relisted { namespace, pods } => {
+                        for (uid, t) in tracks.iter_mut().filter(|(_, t)| t.namespace == namespace)
+                        {
+                            let live = pods
+                                .iter()
+                                .filter(|(f, _)| f == uid)
+                                .map(|(_, p)| p.clone())
+                                .collect();
+                            let mut out = Vec::new();
+                            t.view.apply(Obs::PodsRelisted(live), at, &mut out);
+                            t.marks.extend(out);
+                        }
+                    }
+                }
+            }
+        }));
+        FleetTimelines { tracks, tasks }
+    }
+
+    /// Marks of fleet `uid` from index `from` on.
+    pub fn marks_since(&self, uid: &str, from: usize) -> Vec<Stamped> {
+        self.tracks
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.get(uid)
+                    .map(|t| t.marks.get(from..).unwrap_or(&[]).to_vec())
+            })
+            .unwrap_or_default()
+    }
+
+    /// How many marks fleet `uid` has so far.
+    pub fn marks_len(&self, uid: &str) -> usize {
+        self.tracks
+            .lock()
+            .ok()
+            .and_then(|t| t.get(uid).map(|t| t.marks.len()))
+            .unwrap_or(0)
+    }
+
+    /// The fleet object as last seen.
+    pub fn fleet(&self, uid: &str) -> Option<FleetObs> {
+        self.tracks
+            .lock()
+            .ok()
+            .and_then(|t| t.get(uid).and_then(|t| t.view.fleet.clone()))
+    }
+}
+
+impl Drop for FleetTimelines {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Watches every object of a kind in a namespace; `key(obj, deleted)` routes it to a fleet.
+fn watch_keyed<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    tx: UnboundedSender<(Instant, Routed)>,
+    key: impl Fn(&K, bool) -> Option<(String, Obs)> + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, config).boxed();
+        while let Some(event) = events.next().await {
+            let at = Instant::now();
+            let routed = match event {
+                Ok(Event::Apply(o) | Event::InitApply(o)) => key(&o, false),
+                Ok(Event::Delete(o)) => key(&o, true),
+                Ok(_) => continue,
+                Err(e) => {
+                    eprintln!("  (bench watch error, retrying: {e})");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            let Some((uid, obs)) = routed else {
+                continue;
+            };
+            if tx.send((at, Routed::One(uid, Box::new(obs)))).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Watches the fleet Pods of a namespace; a relist drops Pods that vanished meanwhile.
+fn watch_pods_keyed(
+    api: Api<Pod>,
+    namespace: String,
+    config: watcher::Config,
+    tx: UnboundedSender<(Instant, Routed)>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, config).boxed();
+        let mut listed: Vec<(String, String)> = Vec::new();
+        let fleet_of = |p: &Pod| p.labels().get(FLEET_UID_LABEL).cloned();
+        while let Some(event) = events.next().await {
+            let at = Instant::now();
+            let routed = match event {
+                Ok(Event::Init) => {
+                    listed.clear();
+                    continue;
+                }
+                Ok(Event::InitApply(p)) => {
+                    let Some(fleet) = fleet_of(&p) else { continue };
+                    listed.push((fleet.clone(), p.uid().unwrap_or_default()));
+                    Routed::One(
+                        fleet,
+                        Box::new(Obs::Pod {
+                            uid: p.uid().unwrap_or_default(),
+                            state: Some(pod_state(&p)),
+                        }),
+                    )
+                }
+                Ok(Event::InitDone) => Routed::Relisted {
+                    namespace: namespace.clone(),
+                    pods: std::mem::take(&mut listed),
+                },
+                Ok(Event::Apply(p)) => {
+                    let Some(fleet) = fleet_of(&p) else { continue };
+                    Routed::One(
+                        fleet,
+                        Box::new(Obs::Pod {
+                            uid: p.uid().unwrap_or_default(),
+                            state: Some(pod_state(&p)),
+                        }),
+                    )
+                }
+                Ok(Event::Delete(p)) => {
+                    let Some(fleet) = fleet_of(&p) else { continue };
+                    Routed::One(
+                        fleet,
+                        Box::new(Obs::Pod {
+                            uid: p.uid().unwrap_or_default(),
+                            state: None,
+                        }),
+                    )
+                }
+                Err(e) => {
+                    eprintln!("  (bench Pod watch error, retrying: {e})");
+                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            if tx.send((at, routed)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The first mark matching `request` → the first mark at or after it matching `write` (ms).
+pub fn request_to_write(
+    marks: &[Stamped],
+    request: impl Fn(&Mark) -> bool,
+    write: impl Fn(&Mark) -> bool,
+) -> Option<f64> {
+    let req = marks.iter().find(|m| request(&m.mark))?;
+    let w = marks.iter().find(|m| m.at >= req.at && write(&m.mark))?;
+    Some(ms(req.at, w.at))
+}
+
+/// What a queued contraction `n+1 → n` (asked for while the growth `n → n+1` rolled out)
+/// shows: the last time the workload became settled at `n+1` after the growth write → the
+/// decrease `n+1 → n` written. `Err(())` when the decrease was written but no settle at `n+1`
+/// was seen before it (not sampled, counted); `Ok(None)` when either write is missing.
+#[allow(clippy::result_unit_err)]
+pub fn settled_to_decrease(marks: &[Stamped], n: i32) -> Result<Option<f64>, ()> {
+    let Some(grown) = marks
+        .iter()
+        .find(|m| m.mark == Mark::WorkloadReplicas { from: n, to: n + 1 })
+    else {
+        return Ok(None);
+    };
+    let Some(decrease) = marks
+        .iter()
+        .find(|m| m.at >= grown.at && m.mark == Mark::WorkloadReplicas { from: n + 1, to: n })
+    else {
+        return Ok(None);
+    };
+    match marks
+        .iter()
+        .rfind(|m| m.at >= grown.at && m.at <= decrease.at && m.mark == Mark::Settled(n + 1))
+    {
+        Some(s) => Ok(Some(ms(s.at, decrease.at))),
+        None => Err(()),
+    }
+}
+
 /// Latency samples (milliseconds) derived from a window of the timeline.
 #[derive(Debug, Default, Clone)]
 pub struct Latencies {
@@ -370,10 +713,88 @@ mod tests {
     }
 
     #[test]
+    fn reaction_samples_pair_each_request_or_settle_with_the_next_write() {
+        let t = Instant::now();
+        let marks = vec![
+            at(t, 0, Mark::FleetReplicas(4)),
+            at(t, 150, Mark::WorkloadReplicas { from: 3, to: 4 }),
+            at(t, 200, Mark::FleetReplicas(3)),
+            at(t, 900, Mark::Settled(4)),
+            at(t, 1250, Mark::WorkloadReplicas { from: 4, to: 3 }),
+            at(t, 1300, Mark::FleetToken("b".into())),
+            at(t, 1340, Mark::WorkloadTemplate),
+        ];
+        let growth = request_to_write(
+            &marks,
+            |m| matches!(m, Mark::FleetReplicas(4)),
+            |m| matches!(m, Mark::WorkloadReplicas { from, to } if to > from),
+        );
+        assert_eq!(growth, Some(150.0));
+        assert_eq!(settled_to_decrease(&marks, 3), Ok(Some(350.0)));
+        let restart = request_to_write(
+            &marks,
+            |m| matches!(m, Mark::FleetToken(_)),
+            |m| *m == Mark::WorkloadTemplate,
+        );
+        assert_eq!(restart, Some(40.0));
+        let unseen: Vec<Stamped> = marks
+            .iter()
+            .filter(|m| m.mark != Mark::Settled(4))
+            .cloned()
+            .collect();
+        assert_eq!(settled_to_decrease(&unseen, 3), Err(()));
+        assert_eq!(settled_to_decrease(&marks[..3], 3), Ok(None));
+    }
+
+    #[test]
+    fn the_view_marks_tokens_templates_and_fleet_settles() {
+        let t = Instant::now();
+        let mut v = View::default();
+        let mut out = Vec::new();
+        let fleet = |token: &str, settled: bool| {
+            Obs::Fleet(Some(FleetObs {
+                replicas: 3,
+                token: Some(token.into()),
+                settled,
+                last_token: None,
+            }))
+        };
+        v.apply(fleet("a", true), t, &mut out);
+        assert_eq!(
+            out.iter().map(|s| s.mark.clone()).collect::<Vec<_>>(),
+            vec![Mark::FleetReplicas(3), Mark::FleetSettled(3)],
+            "a token first seen is not a change"
+        );
+        out.clear();
+        v.apply(fleet("b", false), t, &mut out);
+        assert_eq!(
+            out.last().map(|s| s.mark.clone()),
+            Some(Mark::FleetToken("b".into()))
+        );
+        v.workload = Some((3, true, 4));
+        out.clear();
+        v.set_workload(Some((3, false, 5)), &mut |m| {
+            out.push(Stamped { at: t, mark: m })
+        });
+        assert_eq!(
+            out.last().map(|s| s.mark.clone()),
+            Some(Mark::WorkloadTemplate)
+        );
+        out.clear();
+        v.set_workload(Some((4, false, 6)), &mut |m| {
+            out.push(Stamped { at: t, mark: m })
+        });
+        assert_eq!(
+            out.last().map(|s| s.mark.clone()),
+            Some(Mark::WorkloadReplicas { from: 3, to: 4 })
+        );
+    }
+
+    #[test]
     fn the_view_marks_a_settle_only_when_pods_and_rollout_agree() {
         let t = Instant::now();
         let mut v = View {
-            workload: Some((2, true)),
+            workload: Some((2, true, 1)),
             ..View::default()
         };
         let mut out = Vec::new();
