@@ -206,8 +206,18 @@ async fn reconcile_fleet(
             .into(),
         })
         .inc();
+    // Counted once a reconcile of the fleet succeeded; a fleet found gone leaves the count.
     if let Ok(mut seen) = ctx.reconciled.lock() {
-        seen.insert(fleet.uid().unwrap_or_default());
+        let key = format!("{ns}/{name}");
+        match &result {
+            Ok(_) if ctx.forgotten(&ns, &name) => {
+                seen.remove(&key);
+            }
+            Ok(_) => {
+                seen.insert(key);
+            }
+            Err(_) => {}
+        }
         ctx.metrics.fleets_reconciled.set(seen.len() as i64);
     }
     if let Some(w) = &ctx.watches {
@@ -431,7 +441,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         error_streaks: Default::default(),
         gates_verified: Default::default(),
         restart_baseline: Default::default(),
-        watches: Some(crate::watches::Watches::new(client.clone(), pod_events_tx)),
+        watches: Some(if args.test_fresh_reads {
+            crate::watches::Watches::new(client.clone(), pod_events_tx).without_stores()
+        } else {
+            crate::watches::Watches::new(client.clone(), pod_events_tx)
+        }),
         replan_backoff: Default::default(),
         foreign_window: args.foreign_operator_window,
         healing: args.healing(),

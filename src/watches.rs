@@ -164,6 +164,9 @@ pub struct Watches {
     namespaces: Mutex<HashMap<String, Namespace>>,
     /// Cluster-wide stores, started with the first namespace.
     cluster: Mutex<Option<ClusterStores>>,
+    /// Feed the stores (off with `--test-fresh-reads`: the watches only trigger, and the
+    /// stores stay empty and never ready, as before the caches).
+    stores: bool,
 }
 
 #[derive(Clone)]
@@ -181,7 +184,14 @@ impl Watches {
             fleets: Arc::default(),
             namespaces: Mutex::default(),
             cluster: Mutex::default(),
+            stores: true,
         }
+    }
+
+    /// Watches that only trigger reconciles and keep no objects (`--test-fresh-reads`).
+    pub fn without_stores(mut self) -> Self {
+        self.stores = false;
+        self
     }
 
     /// Records the fleet (UID → reference) and starts its namespace's watches if needed.
@@ -271,6 +281,14 @@ impl Watches {
         }
     }
 
+    /// Whether fleet `ns/name` is tracked (known and not found gone).
+    pub fn tracks(&self, ns: &str, name: &str) -> bool {
+        self.fleets.lock().is_ok_and(|f| {
+            f.values()
+                .any(|r| r.name == name && r.namespace.as_deref() == Some(ns))
+        })
+    }
+
     /// Namespaces being watched (for tests and metrics).
     pub fn namespaces(&self) -> HashSet<String> {
         self.namespaces
@@ -286,7 +304,7 @@ impl Watches {
         if let Some(c) = cluster.as_ref() {
             return Some(c.clone());
         }
-        fn cluster_store<K>(client: &Client) -> Store<K>
+        fn cluster_store<K>(client: &Client, feed: bool) -> Store<K>
         where
             K: Resource<DynamicType = ()>
                 + Clone
@@ -297,6 +315,9 @@ impl Watches {
                 + 'static,
         {
             let (reader, writer) = reflector::store();
+            if !feed {
+                return reader;
+            }
             let events = watcher(Api::<K>::all(client.clone()), watch_config())
                 .default_backoff()
                 .modify(|o: &mut K| o.meta_mut().managed_fields = None)
@@ -306,8 +327,8 @@ impl Watches {
             reader
         }
         let stores = ClusterStores {
-            storage_classes: cluster_store(&self.client),
-            reservations: cluster_store(&self.client),
+            storage_classes: cluster_store(&self.client, self.stores),
+            reservations: cluster_store(&self.client, self.stores),
         };
         *cluster = Some(stores.clone());
         Some(stores)
@@ -321,6 +342,9 @@ impl Watches {
     ) -> Store<PartialObjectMeta<ServiceAccount>> {
         let api: Api<PartialObjectMeta<ServiceAccount>> = Api::namespaced(self.client.clone(), ns);
         let (reader, writer) = reflector::store();
+        if !self.stores {
+            return reader;
+        }
         let events = watcher(api, watch_config())
             .default_backoff()
             .modify(|o: &mut PartialObjectMeta<ServiceAccount>| o.metadata.managed_fields = None)
@@ -334,12 +358,18 @@ impl Watches {
         let api: Api<K> = Api::namespaced(self.client.clone(), ns);
         let (reader, writer) = reflector::store();
         let config = watch_config().labels(FLEET_UID_LABEL);
+        let kind = K::kind(&()).to_string();
+        if !self.stores {
+            let events = watcher(api, config).default_backoff().touched_objects();
+            handles.push(self.forward(ns, kind, events));
+            return reader;
+        }
         let events = watcher(api, config)
             .default_backoff()
             .modify(|o: &mut K| o.meta_mut().managed_fields = None)
             .reflect(writer)
             .touched_objects();
-        handles.push(self.forward(ns, K::kind(&()).to_string(), events));
+        handles.push(self.forward(ns, kind, events));
         reader
     }
 

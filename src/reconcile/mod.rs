@@ -90,12 +90,17 @@ pub struct Ctx {
     /// `--test-fresh-reads`: no cached pass; every reconcile reads fresh (the design before
     /// the caches, kept to measure the two side by side).
     pub fresh_reads: bool,
-    /// Fleet UIDs reconciled by this process (a gauge: start-up is done when it reaches the
-    /// fleet count).
+    /// Fleets (`ns/name`) this process has reconciled successfully and not since found gone
+    /// (a gauge: start-up is done when it reaches the fleet count).
     pub reconciled: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Ctx {
+    /// The fleet is no longer tracked by the watches (a reconcile found it gone).
+    pub fn forgotten(&self, ns: &str, name: &str) -> bool {
+        self.watches.as_ref().is_some_and(|w| !w.tracks(ns, name))
+    }
+
     /// The deadline of an operation decided at `now` (docs/design.md "Deadlines, Stalled and
     /// abandon").
     pub fn deadline(
