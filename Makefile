@@ -2,7 +2,7 @@
 #
 #   make demo     local control plane + CRDs + sample fleets (README's first command)
 #   make test     everything: checks, unit tests, real-cluster suites (README's second command)
-#   make bench    journal benchmarks + operator benchmark on its own control plane (~12 min)
+#   make bench    journal benchmarks + operator benchmark on its own control plane (~2 h)
 #
 # Expensive builds (control-plane binaries, cargo-installed tools) are cached outside the
 # checkout under $(CACHE), keyed by content hashes; a warm cache makes them no-ops.
