@@ -64,8 +64,8 @@ k create namespace celld-system --dry-run=client -o yaml | k apply -f - >/dev/nu
 k apply --server-side --force-conflicts -f "$repo/crds/" >/dev/null
 k wait --for=condition=Established crd/celldfleets.celld.eric.dev --timeout=60s >/dev/null
 start operator env RUST_LOG=info "$target/celld-operator" run --local-test --network-policy-enforced \
-  --operator-namespace celld-system --watch-namespaces celld-demo --journal-dir "$work/journal" --health-bind-address 127.0.0.1:16482 --metrics-bind-address 127.0.0.1:15484 --log-format plain
-for _ in $(seq 1 50); do curl -fs http://127.0.0.1:16482/readyz >/dev/null && break; sleep 0.2; done
+  --operator-namespace celld-system --watch-namespaces celld-demo --journal-dir "$work/journal" --health-bind-address 127.0.0.1:15482 --metrics-bind-address 127.0.0.1:15484 --log-format plain
+for _ in $(seq 1 50); do curl -fs http://127.0.0.1:15482/readyz >/dev/null && break; sleep 0.2; done
 
 log "applying the sample fleets into namespace celld-demo"
 k create namespace celld-demo --dry-run=client -o yaml | k apply -f - >/dev/null

@@ -118,16 +118,19 @@ impl NsCache {
     }
 }
 
-/// A kind with a store in [`NsCache`].
-pub trait Cached:
-    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-    + Clone
-    + DeserializeOwned
-    + Debug
-    + Send
-    + Sync
-    + 'static
+/// A kind the operator watches: every bound a watch and a store need, once.
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
 {
+}
+
+impl<T> Watched for T where
+    T: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+/// A kind with a store in [`NsCache`].
+pub trait Cached: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope> {
     /// This kind's store.
     fn store(cache: &NsCache) -> &Store<Self>;
 }
@@ -304,16 +307,7 @@ impl Watches {
         if let Some(c) = cluster.as_ref() {
             return Some(c.clone());
         }
-        fn cluster_store<K>(client: &Client, feed: bool) -> Store<K>
-        where
-            K: Resource<DynamicType = ()>
-                + Clone
-                + DeserializeOwned
-                + Debug
-                + Send
-                + Sync
-                + 'static,
-        {
+        fn cluster_store<K: Watched>(client: &Client, feed: bool) -> Store<K> {
             let (reader, writer) = reflector::store();
             if !feed {
                 return reader;
@@ -376,13 +370,7 @@ impl Watches {
     /// A metadata-only watch that only triggers.
     fn metadata_only<K>(&self, ns: &str) -> JoinHandle<()>
     where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
+        K: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     {
         let api: Api<PartialObjectMeta<K>> = Api::namespaced(self.client.clone(), ns);
         let config = watch_config().labels(FLEET_UID_LABEL);
