@@ -201,6 +201,7 @@ async fn reconcile_fleet(
         .get_or_create(&crate::metrics::PassLabels {
             pass: match pass {
                 reconcile::PassKind::Cached => "cached",
+                reconcile::PassKind::Status => "status",
                 reconcile::PassKind::Fresh => "fresh",
             }
             .into(),

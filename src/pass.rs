@@ -33,6 +33,9 @@ use tower::BoxError;
 #[derive(Debug, Default)]
 pub struct Escalation {
     cause: Mutex<Option<String>>,
+    /// The pass sent its one permitted request: the fleet's status, guarded by the cached
+    /// fleet's resourceVersion (`reconcile::reconcile_pass`).
+    status_sent: std::sync::atomic::AtomicBool,
 }
 
 impl Escalation {
@@ -48,6 +51,22 @@ impl Escalation {
     /// The first cause, if the pass escalated.
     pub fn cause(&self) -> Option<String> {
         self.cause.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// Whether the pass has escalated.
+    pub fn escalated(&self) -> bool {
+        self.cause.lock().map(|c| c.is_some()).unwrap_or(true)
+    }
+
+    /// Records that the pass sent the fleet's status.
+    pub fn status_sent(&self) {
+        self.status_sent
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the pass sent the fleet's status.
+    pub fn sent_status(&self) -> bool {
+        self.status_sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

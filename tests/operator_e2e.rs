@@ -2442,6 +2442,15 @@ async fn prometheus_evaluates_every_alert_and_dashboard_query_against_the_operat
 
 /// `celld_operator_api_requests_total` by `verb resource`, Lease requests left out, and the
 /// reconcile pass counters, from one scrape.
+/// `celld_operator_reconcile_passes_total{pass="status"}`: cached passes that sent only the
+/// fleet's status.
+fn status_passes(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("celld_operator_reconcile_passes_total{pass=\"status\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn requests_and_passes(text: &str) -> (std::collections::BTreeMap<String, u64>, u64, u64) {
     let mut requests = std::collections::BTreeMap::new();
     let (mut cached, mut fresh) = (0, 0);
@@ -2545,6 +2554,55 @@ async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
     assert_eq!(
         fresh_after, fresh_before,
         "an idle reconcile ran a fresh pass"
+    );
+
+    // A status that differs from what the caches show (here edited by hand; in a live fleet,
+    // a member Pod that became ready) is written by the cached pass itself: one status
+    // patch, no fresh pass, nothing else.
+    let status_before = status_passes(&after);
+    api.patch_status(
+        "alpha",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"observedReplicas": 99}})),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = api.get("alpha").await.unwrap().status.unwrap_or_default();
+        if st.observed_replicas == Some(3) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the edited status was not corrected within 30 s: {st:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let corrected = at_rest().await;
+    let (requests_corrected, _, fresh_corrected) = requests_and_passes(&corrected);
+    let sent: std::collections::BTreeMap<&String, u64> = requests_corrected
+        .iter()
+        .filter_map(|(k, v)| {
+            let was = requests_after.get(k).copied().unwrap_or(0);
+            (*v != was).then_some((k, v - was))
+        })
+        .collect();
+    assert!(
+        sent.len() == 1
+            && sent.iter().all(|(k, v)| *v == 1
+                && k.contains("verb=\"patch\"")
+                && k.contains("resource=\"celldfleets/status\"")),
+        "correcting the status sent more than one status patch: {sent:#?}"
+    );
+    assert_eq!(
+        fresh_corrected, fresh_after,
+        "correcting the status ran a fresh pass"
+    );
+    assert_eq!(
+        status_passes(&corrected),
+        status_before + 1,
+        "the status was not written by one cached pass"
     );
 
     // A change the operator acts on escalates to a fresh pass, which decides and writes as

@@ -303,22 +303,37 @@ fn restored_annotation(ctx: &Ctx, fleet: &CelldFleet) -> Result<String, String> 
     Ok(restored.document().encode())
 }
 
+/// Whether storing the status of `report` over `old` is announced with an Event
+/// ([`announce_blocked`]): the Blocked condition turns true, changes reason, or clears.
+pub(crate) fn announces(old: &CelldFleetStatus, report: &Report) -> bool {
+    let was = old.conditions.iter().find(|c| c.type_ == "Blocked");
+    let was_blocked = was.is_some_and(|c| c.status == "True");
+    let was_reason = was.map(|c| c.reason.as_str()).unwrap_or_default();
+    let blocked = matches!(report.class, Class::Blocked | Class::BlockedInfraReady);
+    // `ForeignOperator` is announced by each installation itself (foreign.rs), since both
+    // write the same condition and only the first write is a transition.
+    if blocked && report.reason == reasons::FOREIGN_OPERATOR.name {
+        return false;
+    }
+    (blocked && (!was_blocked || was_reason != report.reason)) || (!blocked && was_blocked)
+}
+
 /// Every `Blocked=True` transition (or change of its reason) publishes one Warning Event and
 /// one log line; clearing publishes one Normal Event (docs/design.md "Events and metrics").
 /// Compared with the status read at the start of the reconcile, so a fleet that stays blocked says
 /// it once.
 pub(crate) async fn announce_blocked(run: &Run<'_>, old: &CelldFleetStatus, report: &Report) {
-    let was = old.conditions.iter().find(|c| c.type_ == "Blocked");
-    let was_blocked = was.is_some_and(|c| c.status == "True");
-    let was_reason = was.map(|c| c.reason.clone()).unwrap_or_default();
-    let blocked = matches!(report.class, Class::Blocked | Class::BlockedInfraReady);
-    let fleet = format!("{}/{}", run.ns, run.name);
-    // `ForeignOperator` is announced by each installation itself (foreign.rs), since both
-    // write the same condition and only the first write is a transition.
-    if blocked && report.reason == reasons::FOREIGN_OPERATOR.name {
+    if !announces(old, report) {
         return;
     }
-    if blocked && (!was_blocked || was_reason != report.reason) {
+    let was_reason = old
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Blocked")
+        .map(|c| c.reason.clone())
+        .unwrap_or_default();
+    let fleet = format!("{}/{}", run.ns, run.name);
+    if matches!(report.class, Class::Blocked | Class::BlockedInfraReady) {
         tracing::warn!(fleet = %fleet, reason = report.reason, "blocked: {}", report.message);
         event(
             run.ctx,
@@ -328,7 +343,7 @@ pub(crate) async fn announce_blocked(run: &Run<'_>, old: &CelldFleetStatus, repo
             report.message.clone(),
         )
         .await;
-    } else if !blocked && was_blocked {
+    } else {
         tracing::info!(fleet = %fleet, previous = %was_reason, "no longer blocked: {}", report.message);
         event(
             run.ctx,

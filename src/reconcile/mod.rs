@@ -658,6 +658,9 @@ pub enum Next {
 pub enum PassKind {
     /// Ended in the cached pass: zero requests.
     Cached,
+    /// Ended in the cached pass, which found nothing to do but a changed status and sent
+    /// that one request (guarded by the cached fleet's resourceVersion).
+    Status,
     /// Ran from fresh reads (after an escalated cached pass, or without one).
     Fresh,
 }
@@ -685,6 +688,7 @@ pub async fn reconcile(
         };
         let result = crate::pass::scope(esc.clone(), reconcile_pass(ns, name, ctx, pass)).await;
         match esc.cause() {
+            None if esc.sent_status() => return (result, PassKind::Status),
             None => return (result, PassKind::Cached),
             Some(cause) => {
                 tracing::debug!(fleet = %format!("{ns}/{name}"), cause, "cached pass escalated");
@@ -812,8 +816,23 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
     } else {
         (run.workload().await?, run.pods().await?)
     };
+    // A cached pass that got this far without escalating found nothing to do but, perhaps,
+    // a changed status: it sends that one request itself, guarded by the cached fleet's
+    // resourceVersion (a fleet that moved on answers 409 and its watch event brings the next
+    // reconcile). A status whose storing is announced with an Event is left to a fresh pass.
+    let status_api = match crate::pass::cached() {
+        Some(esc) if !esc.escalated() => {
+            if integrity::announces(&old_status, &report) {
+                esc.escalate(|| "create events (Blocked)".into());
+                None
+            } else {
+                Some((esc, Api::namespaced(ctx.client.clone(), ns)))
+            }
+        }
+        _ => None,
+    };
     let (status, persisted) = status::write(
-        &run.api,
+        status_api.as_ref().map_or(&run.api, |(_, api)| api),
         &run.fleet,
         (!run.journal_unusable).then_some(&run.journal),
         run.ctx.budget,
@@ -822,6 +841,11 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         &report,
     )
     .await?;
+    if let Some((esc, _)) = &status_api {
+        if status != old_status {
+            esc.status_sent();
+        }
+    }
     if persisted {
         // Announced only once the Blocked condition it reports is stored: a status write
         // that lost a race is redone (and announced) by the next reconcile, never twice.
