@@ -84,6 +84,25 @@ impl Bed {
     pub async fn up(settings: Settings) -> Result<Bed> {
         // `main` exported CELLD_CLUSTER_DIR and CELLD_PORT_BASE (read by the harness and up.sh).
         let already = alive(&settings.cluster_dir.join("run/kube-apiserver.pid"));
+        if !already && settings.cluster_dir.join("etcd").exists() {
+            // A stopped bench cluster keeps what earlier runs left in etcd: PersistentVolumes
+            // of deleted claims that no provisioner deletes any more (a 1,000-fleet run leaves
+            // about 3,000), which slow the next run's volume binding to a halt. The bench's
+            // control plane is its own: start it empty.
+            let down = celld_harness::repo_root().join("integration/cluster/down.sh");
+            let status = Command::new(&down)
+                .arg(&settings.cluster_dir)
+                .arg("--purge")
+                .status()
+                .with_context(|| format!("running {}", down.display()))?;
+            if !status.success() {
+                bail!("{} --purge failed with {status}", down.display());
+            }
+            progress(&format!(
+                "removed the stopped bench cluster's state ({})",
+                settings.cluster_dir.display()
+            ));
+        }
         let started = Instant::now();
         let cluster = tokio::task::spawn_blocking(celld_harness::cluster)
             .await
