@@ -9,6 +9,7 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt};
 use journal::{Budget, Leader, Mirror, MirrorOptions};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, Resource, ResourceExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -493,7 +494,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client_for_release = client.clone();
     let triggers = route_triggers(pod_events_rx, &args.watch_namespaces);
     let controllers = apis.into_iter().zip(triggers).map(|(fleets, trigger)| {
-        Controller::new(fleets, crate::watches::watch_config())
+        // The controller's own fleet store, without managedFields (nothing reads them; each
+        // status write adds to them).
+        let (reader, writer) = kube::runtime::reflector::store();
+        let fleets = kube::runtime::watcher(fleets, crate::watches::watch_config())
+            .default_backoff()
+            .modify(|f: &mut CelldFleet| f.metadata.managed_fields = None)
+            .reflect(writer)
+            .applied_objects();
+        Controller::for_stream(fleets, reader)
             .with_config(
                 kube::runtime::controller::Config::default()
                     .concurrency(args.reconcile_concurrency),

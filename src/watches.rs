@@ -12,8 +12,8 @@
 //! cached pass reads (`crate::pass`); the store is updated before the event triggers the
 //! reconcile, so the object that caused a reconcile is never older in the cache than in the
 //! event. ReplicaSets are watched for their metadata only (they only say *when* to look).
-//! `managedFields` are dropped from cached objects (nothing reads them; they are most of a
-//! Pod's size). Only labelled objects are cached: a by-name read that misses the cache is
+//! `managedFields` are dropped from cached objects (nothing reads them), and a cached Pod
+//! keeps only the part of its spec the reconciler reads ([`project_pod`]). Only labelled objects are cached: a by-name read that misses the cache is
 //! sent to the API server (a foreign object has no fleet label).
 
 use std::collections::{HashMap, HashSet};
@@ -133,6 +133,12 @@ impl<T> Watched for T where
 pub trait Cached: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope> {
     /// This kind's store.
     fn store(cache: &NsCache) -> &Store<Self>;
+
+    /// Trims an object before it is stored to what a cached pass reads: `managedFields`
+    /// always (nothing reads them), more for kinds with a [`project_pod`]-like projection.
+    fn project(&mut self) {
+        self.meta_mut().managed_fields = None;
+    }
 }
 
 macro_rules! cached {
@@ -145,7 +151,6 @@ macro_rules! cached {
     };
 }
 cached!(
-    Pod => pods,
     StatefulSet => statefulsets,
     Deployment => deployments,
     PersistentVolumeClaim => claims,
@@ -153,6 +158,45 @@ cached!(
     NetworkPolicy => network_policies,
     PodDisruptionBudget => pdbs,
 );
+
+impl Cached for Pod {
+    fn store(cache: &NsCache) -> &Store<Self> {
+        &cache.pods
+    }
+
+    fn project(&mut self) {
+        project_pod(self);
+    }
+}
+
+/// A cached Pod keeps its metadata (`managedFields` aside), its status, and of its spec only
+/// what the reconciler reads from a Pod: `nodeName` (placed or not), the claim-backed volumes
+/// (which claim a member mounts), `schedulingGates` and `nodeSelector` (the Bucket zone gate).
+/// Containers, probes, environment, tolerations, affinity and the rest are dropped: they are
+/// most of a Pod's size, they come from the workload's template (cached whole), and every
+/// write to a Pod is made by a fresh pass from a fresh read. Tested by
+/// `a_projected_pod_keeps_what_the_reconciler_reads`.
+pub fn project_pod(pod: &mut Pod) {
+    pod.metadata.managed_fields = None;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name,
+            node_selector: spec.node_selector,
+            scheduling_gates: spec.scheduling_gates,
+            volumes: spec.volumes.map(|vs| {
+                vs.into_iter()
+                    .filter(|v| v.persistent_volume_claim.is_some())
+                    .map(|v| k8s_openapi::api::core::v1::Volume {
+                        name: v.name,
+                        persistent_volume_claim: v.persistent_volume_claim,
+                        ..Default::default()
+                    })
+                    .collect()
+            }),
+            ..Default::default()
+        });
+    }
+}
 
 struct Namespace {
     cache: NsCache,
@@ -360,7 +404,7 @@ impl Watches {
         }
         let events = watcher(api, config)
             .default_backoff()
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .modify(K::project)
             .reflect(writer)
             .touched_objects();
         handles.push(self.forward(ns, kind, events));
@@ -424,4 +468,79 @@ where
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A member Pod as a StatefulSet creates it and a kubelet reports it.
+    fn member_pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "alpha-1", "namespace": "ns", "uid": "u-1", "resourceVersion": "42",
+                "labels": {FLEET_UID_LABEL: "f-uid", "controller-revision-hash": "alpha-5d"},
+                "annotations": {"celld.eric.dev/restart-token": "t-1"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "alpha",
+                                     "uid": "s-uid", "controller": true}],
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}]
+            },
+            "spec": {
+                "nodeName": "node-2",
+                "nodeSelector": {"topology.kubernetes.io/zone": "a"},
+                "schedulingGates": [{"name": "celld.eric.dev/zone"}],
+                "containers": [{"name": "celld", "image": "img@sha256:1",
+                                "env": [{"name": "CELLD_NODE", "value": "alpha-1"}],
+                                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}}}],
+                "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "data-alpha-1"}},
+                    {"name": "kube-api-access", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}
+                ]
+            },
+            "status": {
+                "phase": "Running", "podIP": "127.60.0.9",
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{"name": "celld", "image": "img@sha256:1", "imageID": "", "ready": true,
+                                       "restartCount": 2,
+                                       "lastState": {"terminated": {"exitCode": 3}}}]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_projected_pod_keeps_what_the_reconciler_reads() {
+        let full = member_pod();
+        let mut cached = full.clone();
+        Pod::project(&mut cached);
+        let (f, c) = (full.spec.as_ref().unwrap(), cached.spec.as_ref().unwrap());
+        assert_eq!(c.node_name, f.node_name);
+        assert_eq!(c.node_selector, f.node_selector);
+        assert_eq!(c.scheduling_gates, f.scheduling_gates);
+        let claims = |s: &k8s_openapi::api::core::v1::PodSpec| -> Vec<String> {
+            s.volumes
+                .iter()
+                .flatten()
+                .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
+                .collect()
+        };
+        assert_eq!(claims(c), vec!["data-alpha-1".to_string()]);
+        assert_eq!(claims(c), claims(f));
+        assert_eq!(cached.status, full.status, "the status is kept whole");
+        let mut meta = full.metadata.clone();
+        meta.managed_fields = None;
+        assert_eq!(cached.metadata, meta, "metadata is kept but managedFields");
+        // What is dropped is dropped.
+        assert!(c.containers.is_empty() && c.tolerations.is_none());
+        assert_eq!(c.volumes.as_ref().map(Vec::len), Some(1));
+        let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+        assert!(
+            size(&cached) < size(&full),
+            "{} !< {}",
+            size(&cached),
+            size(&full)
+        );
+    }
 }
