@@ -588,6 +588,24 @@ async fn termination() {
     }
 }
 
+/// Every minute, hands the heap's free pages back to the OS (glibc's `malloc_trim`): the
+/// start-up burst (every fleet's first reconcile, every namespace's first lists) and each
+/// burst of operations leave freed memory inside glibc's arenas, which glibc keeps resident
+/// otherwise; the caches that stay are what should be resident (integration/bench/README.md).
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::spawn(async {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            every.tick().await;
+            // SAFETY: malloc_trim(3) takes no pointer and only releases free heap pages.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -617,22 +635,4 @@ mod tests {
         assert!(jitter("a-uid") < Duration::from_secs(2));
         assert_ne!(jitter("a-uid"), jitter("another-uid"));
     }
-}
-
-/// Every minute, hands the heap's free pages back to the OS (glibc's `malloc_trim`): the
-/// start-up burst (every fleet's first reconcile, every namespace's first lists) and each
-/// burst of operations leave freed memory inside glibc's arenas, which glibc keeps resident
-/// otherwise; the caches that stay are what should be resident (integration/bench/README.md).
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    tokio::spawn(async {
-        let mut every = tokio::time::interval(Duration::from_secs(60));
-        loop {
-            every.tick().await;
-            // SAFETY: malloc_trim(3) takes no pointer and only releases free heap pages.
-            unsafe {
-                libc::malloc_trim(0);
-            }
-        }
-    });
 }
