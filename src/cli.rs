@@ -148,6 +148,12 @@ pub struct RunArgs {
     /// can measure both in one run).
     #[arg(long, hide = true)]
     pub test_fresh_reads: bool,
+    /// Fleet namespaces whose watches share one HTTP/2 connection to the API server (9 watches
+    /// per namespace). 0: every watch has its own HTTP/1.1 connection, as kube's client does
+    /// (for an API server or proxy without HTTP/2). HTTP/2 is used only for a direct `https`
+    /// cluster URL (no proxy, no TLS server-name override).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(0..=100))]
+    pub watch_namespaces_per_connection: u16,
     /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,

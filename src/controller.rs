@@ -327,6 +327,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         fault: args.test_api_fault.clone(),
         skip_lease_guard: args.test_skip_lease_guard,
     });
+    let watch_clients = if args.test_fresh_reads {
+        None
+    } else {
+        let transport = transport.clone();
+        let metrics = metrics.clone();
+        crate::watch_clients::WatchClients::new(
+            &config,
+            usize::from(args.watch_namespaces_per_connection),
+            move |builder| {
+                builder
+                    .with_layer(&transport)
+                    .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
+                        metrics.clone(),
+                    ))
+                    .build()
+            },
+        )
+    };
     let client = kube::client::ClientBuilder::try_from(config)?
         .with_layer(&transport)
         .with_layer(&crate::metrics::request_counter::<kube::client::Body>(
@@ -446,7 +464,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         watches: Some(if args.test_fresh_reads {
             crate::watches::Watches::new(client.clone(), pod_events_tx).without_stores()
         } else {
-            crate::watches::Watches::new(client.clone(), pod_events_tx)
+            let watches = crate::watches::Watches::new(client.clone(), pod_events_tx);
+            match watch_clients {
+                Some(c) => watches.with_watch_clients(c),
+                None => watches,
+            }
         }),
         replan_backoff: Default::default(),
         foreign_window: args.foreign_operator_window,

@@ -18,4 +18,5 @@ pub mod repair;
 pub mod status_view;
 pub mod transport;
 pub mod validate;
+pub mod watch_clients;
 pub mod watches;

@@ -214,6 +214,9 @@ pub struct Watches {
     /// Feed the stores (off with `--test-fresh-reads`: the watches only trigger, and the
     /// stores stay empty and never ready, as before the caches).
     stores: bool,
+    /// HTTP/2 clients shared by the namespaces' watches (none: each watch uses `client`, one
+    /// HTTP/1.1 connection per watch).
+    watch_clients: Option<Arc<crate::watch_clients::WatchClients>>,
 }
 
 #[derive(Clone)]
@@ -232,7 +235,19 @@ impl Watches {
             namespaces: Mutex::default(),
             cluster: Mutex::default(),
             stores: true,
+            watch_clients: None,
         }
+    }
+
+    /// The namespaces' watches go through these shared HTTP/2 clients.
+    pub fn with_watch_clients(mut self, clients: crate::watch_clients::WatchClients) -> Self {
+        self.watch_clients = Some(Arc::new(clients));
+        self
+    }
+
+    /// HTTP/2 connections carrying namespace watches (0 when every watch has its own).
+    pub fn watch_connections(&self) -> usize {
+        self.watch_clients.as_ref().map_or(0, |c| c.connections())
     }
 
     /// Watches that only trigger reconciles and keep no objects (`--test-fresh-reads`).
@@ -255,20 +270,30 @@ impl Watches {
         let Some(cluster) = self.cluster_stores() else {
             return;
         };
+        let client = match self.watch_clients.as_ref().map(|c| c.client_for(ns)) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => {
+                // The namespace is watched over HTTP/1.1 like before: slower to scale, not wrong.
+                tracing::warn!(namespace = ns, error = %e, "no HTTP/2 watch client; using the main client");
+                self.client.clone()
+            }
+            None => self.client.clone(),
+        };
+        let client = &client;
         let mut handles = Vec::new();
         let cache = NsCache {
-            pods: self.reflect::<Pod>(ns, &mut handles),
-            statefulsets: self.reflect::<StatefulSet>(ns, &mut handles),
-            deployments: self.reflect::<Deployment>(ns, &mut handles),
-            claims: self.reflect::<PersistentVolumeClaim>(ns, &mut handles),
-            services: self.reflect::<Service>(ns, &mut handles),
-            network_policies: self.reflect::<NetworkPolicy>(ns, &mut handles),
-            pdbs: self.reflect::<PodDisruptionBudget>(ns, &mut handles),
-            service_accounts: self.service_accounts(ns, &mut handles),
+            pods: self.reflect::<Pod>(client, ns, &mut handles),
+            statefulsets: self.reflect::<StatefulSet>(client, ns, &mut handles),
+            deployments: self.reflect::<Deployment>(client, ns, &mut handles),
+            claims: self.reflect::<PersistentVolumeClaim>(client, ns, &mut handles),
+            services: self.reflect::<Service>(client, ns, &mut handles),
+            network_policies: self.reflect::<NetworkPolicy>(client, ns, &mut handles),
+            pdbs: self.reflect::<PodDisruptionBudget>(client, ns, &mut handles),
+            service_accounts: self.service_accounts(client, ns, &mut handles),
             storage_classes: cluster.storage_classes,
             reservations: cluster.reservations,
         };
-        handles.push(self.metadata_only::<ReplicaSet>(ns));
+        handles.push(self.metadata_only::<ReplicaSet>(client, ns));
         tracing::debug!(namespace = ns, "started the namespace's watches");
         namespaces.insert(ns.to_string(), Namespace { cache, handles });
     }
@@ -324,6 +349,9 @@ impl Watches {
             for h in gone.handles {
                 h.abort();
             }
+            if let Some(c) = self.watch_clients.as_ref() {
+                c.release(ns);
+            }
             tracing::debug!(namespace = ns, "stopped the namespace's watches");
         }
     }
@@ -375,10 +403,11 @@ impl Watches {
     /// The namespace's ServiceAccounts, metadata only (they carry no fleet label).
     fn service_accounts(
         &self,
+        client: &Client,
         ns: &str,
         handles: &mut Vec<JoinHandle<()>>,
     ) -> Store<PartialObjectMeta<ServiceAccount>> {
-        let api: Api<PartialObjectMeta<ServiceAccount>> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<PartialObjectMeta<ServiceAccount>> = Api::namespaced(client.clone(), ns);
         let (reader, writer) = reflector::store();
         if !self.stores {
             return reader;
@@ -392,8 +421,13 @@ impl Watches {
     }
 
     /// A watch that feeds a store and triggers the fleet named by each touched object's label.
-    fn reflect<K: Cached>(&self, ns: &str, handles: &mut Vec<JoinHandle<()>>) -> Store<K> {
-        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+    fn reflect<K: Cached>(
+        &self,
+        client: &Client,
+        ns: &str,
+        handles: &mut Vec<JoinHandle<()>>,
+    ) -> Store<K> {
+        let api: Api<K> = Api::namespaced(client.clone(), ns);
         let (reader, writer) = reflector::store();
         let config = watch_config().labels(FLEET_UID_LABEL);
         let kind = K::kind(&()).to_string();
@@ -412,11 +446,11 @@ impl Watches {
     }
 
     /// A metadata-only watch that only triggers.
-    fn metadata_only<K>(&self, ns: &str) -> JoinHandle<()>
+    fn metadata_only<K>(&self, client: &Client, ns: &str) -> JoinHandle<()>
     where
         K: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     {
-        let api: Api<PartialObjectMeta<K>> = Api::namespaced(self.client.clone(), ns);
+        let api: Api<PartialObjectMeta<K>> = Api::namespaced(client.clone(), ns);
         let config = watch_config().labels(FLEET_UID_LABEL);
         let events = watcher(api, config).default_backoff().touched_objects();
         self.forward(ns, K::kind(&()).to_string(), events)
