@@ -224,6 +224,12 @@ async fn reconcile_fleet(
     }
     if let Some(w) = &ctx.watches {
         ctx.metrics.cached_objects.set(w.cached_objects() as i64);
+        ctx.metrics
+            .watched_namespaces
+            .set(w.namespaces().len() as i64);
+        ctx.metrics
+            .watch_connections
+            .set(w.watch_connections() as i64);
     }
     if let Err(e) = &result {
         ctx.metrics

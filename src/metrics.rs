@@ -127,6 +127,10 @@ pub struct Metrics {
     pub leader_ready_seconds: Gauge<f64, AtomicU64>,
     /// Objects in the watch-fed caches.
     pub cached_objects: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// Namespaces whose watches are open.
+    pub watched_namespaces: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// HTTP/2 connections carrying namespace watches.
+    pub watch_connections: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -167,6 +171,8 @@ impl Metrics {
             fleets_reconciled: Gauge::default(),
             leader_ready_seconds: Gauge::default(),
             cached_objects: Gauge::default(),
+            watched_namespaces: Gauge::default(),
+            watch_connections: Gauge::default(),
         };
         for pass in ["cached", "fresh"] {
             drop(m.passes.get_or_create(&PassLabels {
@@ -305,6 +311,16 @@ impl Metrics {
             "celld_operator_cached_objects",
             "objects held in the watch-fed caches",
             m.cached_objects.clone(),
+        );
+        r.register(
+            "celld_operator_watched_namespaces",
+            "namespaces whose watches are open (9 watches each)",
+            m.watched_namespaces.clone(),
+        );
+        r.register(
+            "celld_operator_watch_connections",
+            "HTTP/2 connections carrying the namespace watches (0: one HTTP/1.1 connection per watch)",
+            m.watch_connections.clone(),
         );
         *m.registry.lock().expect("fresh lock") = r;
         m

@@ -2630,3 +2630,123 @@ async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
     );
     cleanup(&client, ns).await;
 }
+
+/// `celld_operator_<name>` (a gauge without labels) from one scrape.
+fn gauge(text: &str, name: &str) -> Option<i64> {
+    let prefix = format!("celld_operator_{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// ESTABLISHED TCP connections of process `pid` to local port `port` (its sockets from
+/// /proc/PID/fd, matched by inode against /proc/net/tcp and tcp6).
+fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("the operator's fds")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().to_string();
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let remote_port = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|t| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // sl local remote st … uid timeout inode
+            f.len() > 9 && f[2].ends_with(&remote_port) && f[3] == "01" && inodes.contains(f[9])
+        })
+        .count()
+}
+
+/// The watches of several fleet namespaces (9 each) share one HTTP/2 connection, where
+/// `--watch-namespaces-per-connection 0` (kube's HTTP/1.1 client) opens one connection per
+/// watch; fleets run the same either way.
+#[tokio::test]
+async fn namespace_watches_share_one_http2_connection() {
+    let _guard = isolated().await;
+    let (c, client, first) = setup("h2").await;
+    let mut namespaces = vec![first];
+    for prefix in ["h2b", "h2c"] {
+        let ns = TestNamespace::create(&client, prefix).await.unwrap();
+        let sa: ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
+        Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+            .create(&PostParams::default(), &sa)
+            .await
+            .unwrap();
+        namespaces.push(ns);
+    }
+    let names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
+    let port: u16 = c
+        .apiserver_url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .expect("the API server URL names its port");
+    let mut per_watch = 0;
+    let mut running = None;
+    for (per_connection, replicas) in [(0, 3), (10, 4)] {
+        if let Some(mut previous) = running.take() {
+            let previous: &mut OperatorProcess = &mut previous;
+            assert_eq!(previous.terminate(Duration::from_secs(30)).await, 0);
+        }
+        let op = Operator::start_with(|o| {
+            o.extra_args
+                .retain(|a| !a.starts_with("--watch-namespaces="));
+            o.extra_args
+                .push(format!("--watch-namespaces={}", names.join(",")));
+            o.extra_args.push(format!(
+                "--watch-namespaces-per-connection={per_connection}"
+            ));
+        });
+        for ns in &names {
+            let api: Api<CelldFleet> = Api::namespaced(client.clone(), ns);
+            if replicas == 3 {
+                api.create(
+                    &PostParams::default(),
+                    &fleet("eta", "Bucket", 3, &unique_bucket("h2")),
+                )
+                .await
+                .unwrap();
+            } else {
+                api.patch(
+                    "eta",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .unwrap();
+            }
+            ready(&api, "eta", replicas).await;
+        }
+        let text = at_rest().await;
+        assert_eq!(gauge(&text, "watched_namespaces"), Some(3), "{text}");
+        let open = connections_to(op.pid(), port);
+        eprintln!("--watch-namespaces-per-connection={per_connection}: {open} connections to the API server");
+        if per_connection == 0 {
+            assert_eq!(gauge(&text, "watch_connections"), Some(0), "{text}");
+            assert!(
+                open >= 27,
+                "3 namespaces × 9 watches over HTTP/1.1 hold at least 27 connections, saw {open}"
+            );
+            per_watch = open;
+        } else {
+            assert_eq!(gauge(&text, "watch_connections"), Some(1), "{text}");
+            assert!(
+                open + 18 <= per_watch,
+                "the 27 namespace watches should share one connection: {open} connections \
+                 against {per_watch} with one per watch"
+            );
+        }
+        running = Some(op);
+    }
+    // The second operator removes the fleets' finalizers.
+    for ns in namespaces {
+        cleanup(&client, ns).await;
+    }
+}
