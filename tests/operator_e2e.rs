@@ -2639,30 +2639,6 @@ fn gauge(text: &str, name: &str) -> Option<i64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// ESTABLISHED TCP connections of process `pid` to local port `port` (its sockets from
-/// /proc/PID/fd, matched by inode against /proc/net/tcp and tcp6).
-fn connections_to(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("the operator's fds")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|l| {
-            let l = l.to_string_lossy().to_string();
-            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
-        })
-        .collect();
-    let remote_port = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .flat_map(|t| t.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
-        .filter(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // sl local remote st … uid timeout inode
-            f.len() > 9 && f[2].ends_with(&remote_port) && f[3] == "01" && inodes.contains(f[9])
-        })
-        .count()
-}
-
 /// The watches of several fleet namespaces (9 each) share one HTTP/2 connection, where
 /// `--watch-namespaces-per-connection 0` (kube's HTTP/1.1 client) opens one connection per
 /// watch; fleets run the same either way.
@@ -2682,12 +2658,8 @@ async fn namespace_watches_share_one_http2_connection() {
         namespaces.push(ns);
     }
     let names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();
-    let port: u16 = c
-        .apiserver_url
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
-        .expect("the API server URL names its port");
+    let port =
+        celld_harness::net::url_port(&c.apiserver_url).expect("the API server URL names its port");
     let mut per_watch = 0;
     let mut running = None;
     for (per_connection, replicas) in [(0, 3), (10, 4)] {
@@ -2726,7 +2698,7 @@ async fn namespace_watches_share_one_http2_connection() {
         }
         let text = at_rest().await;
         assert_eq!(gauge(&text, "watched_namespaces"), Some(3), "{text}");
-        let open = connections_to(op.pid(), port);
+        let open = celld_harness::net::established_to(op.pid(), port).unwrap();
         eprintln!("--watch-namespaces-per-connection={per_connection}: {open} connections to the API server");
         if per_connection == 0 {
             assert_eq!(gauge(&text, "watch_connections"), Some(0), "{text}");

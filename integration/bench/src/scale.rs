@@ -178,6 +178,14 @@ pub struct DesignResult {
     /// `celld_operator_cached_objects` at the end of the window.
     #[serde(serialize_with = "na")]
     pub cached_objects: Option<f64>,
+    /// ESTABLISHED TCP connections from the operator to the API server at the end of the
+    /// window (watches, the request pool and the Lease), counted from /proc.
+    #[serde(serialize_with = "na")]
+    pub api_connections: Option<usize>,
+    /// `celld_operator_watch_connections` (HTTP/2 connections carrying namespace watches)
+    /// at the end of the window.
+    #[serde(serialize_with = "na")]
+    pub watch_connections: Option<f64>,
     /// Reaction under load.
     pub reaction: Reaction,
     /// The reaction again with a hot fleet present.
@@ -375,6 +383,11 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             pass(&d.at_rest.passes_per_min, "fresh"),
         ),
         ("cached objects", d.cached_objects),
+        (
+            "TCP connections to the API server",
+            d.api_connections.map(|n| n as f64),
+        ),
+        ("HTTP/2 watch connections", d.watch_connections),
         ("VmRSS, MiB", Some(d.rss_kib as f64 / 1024.0)),
         ("VmHWM, MiB", Some(d.hwm_kib as f64 / 1024.0)),
         ("CPU s/min at rest", Some(d.cpu_s_per_min)),
@@ -810,6 +823,8 @@ async fn measure_design(
     let after = bed.metrics.snapshot().await?;
     let cpu_after = bed.operator().cpu_seconds()?;
     let (rss_kib, hwm_kib) = bed.operator().memory_kib()?;
+    let api_connections = celld_harness::net::url_port(&celld_harness::cluster().apiserver_url)
+        .and_then(|port| celld_harness::net::established_to(bed.operator().pid, port).ok());
     let audited = bed.operator_audit()?;
     let d = after.since(&before);
     let minutes = d.seconds / 60.0;
@@ -867,6 +882,8 @@ async fn measure_design(
         hwm_kib,
         cpu_s_per_min,
         cached_objects: after.cached_objects,
+        api_connections,
+        watch_connections: after.watch_connections,
         reaction,
         fairness: Some(fairness),
     })

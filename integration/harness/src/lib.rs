@@ -11,6 +11,7 @@
 pub mod audit;
 pub mod drill;
 pub mod fleet;
+pub mod net;
 pub mod operator;
 
 use std::collections::HashMap;
