@@ -687,12 +687,7 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     let _guard = exclusive().await;
     let (c, client, ns) = setup("chart").await;
     let other = TestNamespace::create(&client, "unlisted").await.unwrap();
-    let sa: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &other.name)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap();
+    fleet_service_account(&client, &other.name).await;
     let chart = celld_harness::repo_root().join("helm/celld-operator");
     let listed = format!("fleetNamespaces={{{}}}", ns.name);
     c.helm(&[
@@ -2649,12 +2644,7 @@ async fn namespace_watches_share_one_http2_connection() {
     let mut namespaces = vec![first];
     for prefix in ["h2b", "h2c"] {
         let ns = TestNamespace::create(&client, prefix).await.unwrap();
-        let sa: ServiceAccount =
-            serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
-        Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap();
+        fleet_service_account(&client, &ns.name).await;
         namespaces.push(ns);
     }
     let names: Vec<String> = namespaces.iter().map(|n| n.name.clone()).collect();

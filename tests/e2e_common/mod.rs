@@ -233,13 +233,18 @@ pub async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
     let _ = c.kubectl(&["create", "namespace", "celld-e2e"]);
     let sc = celld_harness::repo_root().join("config/test-storageclass.yaml");
     c.kubectl(&["apply", "-f", sc.to_str().unwrap()]).unwrap();
+    fleet_service_account(&client, &ns.name).await;
+    (c, client, ns)
+}
+
+/// Creates the fleets' ServiceAccount `celld` in namespace `ns`.
+pub async fn fleet_service_account(client: &Client, ns: &str) {
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
+    Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &sa)
         .await
         .unwrap();
-    (c, client, ns)
 }
 
 pub fn fleet(name: &str, profile: &str, replicas: i32, bucket: &str) -> CelldFleet {
