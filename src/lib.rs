@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod compact_store;
 pub mod controller;
 pub mod failpoint;
 pub mod journal_store;

@@ -35,8 +35,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 
-use crate::api::keys::FLEET_UID_LABEL;
+use crate::api::keys::{FLEET_UID_LABEL, REPLACEMENT_FLEET_LABEL};
 use crate::api::{CelldFleet, CelldStorageReservation};
+use crate::compact_store::CompactStore;
 
 /// Server-side timeout of every watch, in seconds: a watch is one request until the API
 /// server ends it, so this sets the at-rest request rate of the watches (each re-opens every
@@ -55,19 +56,19 @@ type FleetIndex = Arc<Mutex<HashMap<String, ObjectRef<CelldFleet>>>>;
 #[derive(Clone)]
 pub struct NsCache {
     /// Pods.
-    pub pods: Store<Pod>,
+    pub pods: CompactStore<Pod>,
     /// StatefulSets.
-    pub statefulsets: Store<StatefulSet>,
+    pub statefulsets: CompactStore<StatefulSet>,
     /// Deployments.
-    pub deployments: Store<Deployment>,
+    pub deployments: CompactStore<Deployment>,
     /// PersistentVolumeClaims.
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: CompactStore<PersistentVolumeClaim>,
     /// Services.
-    pub services: Store<Service>,
+    pub services: CompactStore<Service>,
     /// NetworkPolicies.
-    pub network_policies: Store<NetworkPolicy>,
+    pub network_policies: CompactStore<NetworkPolicy>,
     /// PodDisruptionBudgets.
-    pub pdbs: Store<PodDisruptionBudget>,
+    pub pdbs: CompactStore<PodDisruptionBudget>,
     /// ServiceAccounts (metadata only, unlabelled: every one in the namespace).
     pub service_accounts: Store<PartialObjectMeta<ServiceAccount>>,
     /// StorageClasses (cluster-wide, shared by every namespace).
@@ -88,13 +89,13 @@ impl NsCache {
                 .now_or_never()
                 .is_some_and(|r| r.is_ok())
         }
-        ready(&self.pods)
-            && ready(&self.statefulsets)
-            && ready(&self.deployments)
-            && ready(&self.claims)
-            && ready(&self.services)
-            && ready(&self.network_policies)
-            && ready(&self.pdbs)
+        self.pods.is_ready()
+            && self.statefulsets.is_ready()
+            && self.deployments.is_ready()
+            && self.claims.is_ready()
+            && self.services.is_ready()
+            && self.network_policies.is_ready()
+            && self.pdbs.is_ready()
             && ready(&self.service_accounts)
             && ready(&self.storage_classes)
             && ready(&self.reservations)
@@ -130,9 +131,11 @@ impl<T> Watched for T where
 }
 
 /// A kind with a store in [`NsCache`].
-pub trait Cached: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope> {
+pub trait Cached:
+    Watched + serde::Serialize + Resource<Scope = k8s_openapi::NamespaceResourceScope>
+{
     /// This kind's store.
-    fn store(cache: &NsCache) -> &Store<Self>;
+    fn store(cache: &NsCache) -> &CompactStore<Self>;
 
     /// Trims an object before it is stored to what a cached pass reads: `managedFields`
     /// always (nothing reads them), more for kinds with a [`project_pod`]-like projection.
@@ -144,7 +147,7 @@ pub trait Cached: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope
 macro_rules! cached {
     ($($kind:ty => $field:ident),* $(,)?) => {
         $(impl Cached for $kind {
-            fn store(cache: &NsCache) -> &Store<Self> {
+            fn store(cache: &NsCache) -> &CompactStore<Self> {
                 &cache.$field
             }
         })*
@@ -160,7 +163,7 @@ cached!(
 );
 
 impl Cached for Pod {
-    fn store(cache: &NsCache) -> &Store<Self> {
+    fn store(cache: &NsCache) -> &CompactStore<Self> {
         &cache.pods
     }
 
@@ -426,23 +429,29 @@ impl Watches {
         client: &Client,
         ns: &str,
         handles: &mut Vec<JoinHandle<()>>,
-    ) -> Store<K> {
+    ) -> CompactStore<K> {
         let api: Api<K> = Api::namespaced(client.clone(), ns);
-        let (reader, writer) = reflector::store();
+        let store = CompactStore::new(&[FLEET_UID_LABEL, REPLACEMENT_FLEET_LABEL]);
         let config = watch_config().labels(FLEET_UID_LABEL);
         let kind = K::kind(&()).to_string();
         if !self.stores {
             let events = watcher(api, config).default_backoff().touched_objects();
             handles.push(self.forward(ns, kind, events));
-            return reader;
+            return store;
         }
+        let feed = store.clone();
         let events = watcher(api, config)
             .default_backoff()
             .modify(K::project)
-            .reflect(writer)
+            .map(move |event| {
+                if let Ok(e) = &event {
+                    feed.apply(e);
+                }
+                event
+            })
             .touched_objects();
         handles.push(self.forward(ns, kind, events));
-        reader
+        store
     }
 
     /// A metadata-only watch that only triggers.

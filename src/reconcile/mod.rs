@@ -257,9 +257,8 @@ impl Run<'_> {
     /// cached pass refuses), else a fresh GET.
     pub async fn get_opt<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
         if let Some(cache) = &self.cache {
-            let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
-            if let Some(obj) = K::store(cache).get(&key) {
-                return Ok(Some((*obj).clone()));
+            if let Some(obj) = K::store(cache).get(name) {
+                return Ok(Some(obj));
             }
         }
         Api::<K>::namespaced(self.client.clone(), &self.ns)
@@ -332,28 +331,15 @@ impl Run<'_> {
         self.labelled_by(FLEET_UID_LABEL).await
     }
 
-    /// Objects of kind `K` whose label `key` is this fleet's UID: from the cache in a cached
-    /// pass (which holds objects with the fleet label: every member Pod carries it from its
-    /// template), else a fresh list.
+    /// Objects of kind `K` whose label `key` (the fleet label or the replacement-hold label)
+    /// is this fleet's UID: from the cache in a cached pass (which holds objects with the
+    /// fleet label: every member Pod carries it from its template; an unreadable cached entry
+    /// makes it ask the API server, which a cached pass refuses), else a fresh list.
     pub async fn labelled_by<K: crate::watches::Cached>(&self, key: &str) -> Result<Vec<K>, Error> {
         if let Some(cache) = &self.cache {
-            let mut found: Vec<K> = K::store(cache)
-                .state()
-                .into_iter()
-                .filter(|o| {
-                    o.meta().namespace.as_deref() == Some(self.ns.as_str())
-                        && o.meta()
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(key))
-                            .map(String::as_str)
-                            == Some(self.uid.as_str())
-                })
-                .map(|o| (*o).clone())
-                .collect();
-            // The API server lists by name; so does the cache, so both passes see one order.
-            found.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
-            return Ok(found);
+            if let Some(found) = K::store(cache).labelled(key, &self.uid) {
+                return Ok(found);
+            }
         }
         let lp = ListParams::default().labels(&format!("{key}={}", self.uid));
         Ok(Api::<K>::namespaced(self.client.clone(), &self.ns)

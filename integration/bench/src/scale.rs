@@ -38,39 +38,77 @@ pub fn hot_image() -> String {
 /// timed out and the fleet stops its rounds.
 const STEP_LIMIT: Duration = Duration::from_secs(300);
 
-/// An operator design compared by the scale bed.
+/// The read design an operator process runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Design {
+pub enum Base {
     /// Watch-fed reflector caches; an idle reconcile sends nothing (the default binary).
     Cached,
     /// Every reconcile reads fresh from the API server (`--test-fresh-reads`).
     Fresh,
 }
 
+/// An operator design compared by the scale bed: `cached` or `fresh`, optionally followed by
+/// operator flags joined with `+` (e.g. `cached+--reconcile-concurrency=32`), so a tuning is
+/// measured side by side with the defaults in the same run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Design {
+    base: Base,
+    extra: Vec<String>,
+    name: String,
+}
+
 impl Design {
-    /// `cached` or `fresh`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Design::Cached => "cached",
-            Design::Fresh => "fresh",
-        }
+    /// The design as written (`cached`, `fresh`, `cached+--flag=value`).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Flags added to `celld-operator run --local-test …`.
-    pub fn flags(self) -> Vec<String> {
-        match self {
-            Design::Cached => Vec::new(),
-            Design::Fresh => vec!["--test-fresh-reads".into()],
-        }
+    pub fn flags(&self) -> Vec<String> {
+        let mut flags = match self.base {
+            Base::Cached => Vec::new(),
+            Base::Fresh => vec!["--test-fresh-reads".to_string()],
+        };
+        flags.extend(self.extra.iter().cloned());
+        flags
     }
 
-    /// Parses `cached` or `fresh`.
+    /// A short tag for namespace names: the base's initial, then the last alphanumerics of
+    /// the extra flags (`c`, `f`, `crrency32`).
+    pub fn tag(&self) -> String {
+        let extra: Vec<char> = self
+            .extra
+            .concat()
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        let tail: String = extra[extra.len().saturating_sub(8)..].iter().collect();
+        format!("{}{tail}", &self.name[..1])
+    }
+
+    /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]` segments.
     pub fn parse(s: &str) -> Result<Design, String> {
-        match s.trim() {
-            "cached" => Ok(Design::Cached),
-            "fresh" => Ok(Design::Fresh),
-            other => Err(format!("{other:?}: expected cached or fresh")),
+        let s = s.trim();
+        let mut parts = s.split('+');
+        let base = match parts.next().unwrap_or_default() {
+            "cached" => Base::Cached,
+            "fresh" => Base::Fresh,
+            other => {
+                return Err(format!(
+                    "{other:?}: expected cached or fresh, optionally followed by +--flag=value"
+                ))
+            }
+        };
+        let extra: Vec<String> = parts.map(str::to_string).collect();
+        if let Some(bad) = extra.iter().find(|f| !f.starts_with("--") || f.len() < 3) {
+            return Err(format!("{bad:?} in {s:?}: an extra flag starts with --"));
         }
+        Ok(Design {
+            base,
+            extra,
+            name: s.to_string(),
+        })
     }
 }
 
@@ -594,7 +632,7 @@ pub async fn run(
     let mut designs = Vec::new();
     for d in &cfg.designs {
         if accepts(operator_bin, &d.flags()) {
-            designs.push(*d);
+            designs.push(d.clone());
         } else {
             let why = format!(
                 "{} does not accept {} (not in this build)",
@@ -621,7 +659,7 @@ pub async fn run(
         )
         .await?;
         let mut results = Vec::new();
-        for &design in &designs {
+        for design in &designs {
             progress(&format!(
                 "[scale] {size} fleets, design {}: fresh operator process{}",
                 design.name(),
@@ -771,7 +809,7 @@ async fn measure_design(
     board: &Board,
     fleets: &[FleetRef],
     size: usize,
-    design: Design,
+    design: &Design,
 ) -> Result<DesignResult> {
     let startup = start_up(bed, cfg, board, size, design).await?;
     progress(&format!(
@@ -851,7 +889,7 @@ async fn measure_design(
         .max(2)
         .min(size);
     let active = &fleets[..k];
-    let tag = format!("{}{}", size, &design.name()[..1]);
+    let tag = format!("{}{}", size, design.tag());
     progress(&format!(
         "[scale] {size} fleets, {}: reaction under load, {k} fleets active ({} scaling {}→{}→{}, {} restarting), {} rounds",
         design.name(),
@@ -921,7 +959,7 @@ async fn start_up(
     cfg: &ScaleConfig,
     board: &Board,
     size: usize,
-    design: Design,
+    design: &Design,
 ) -> Result<Startup> {
     let spawned = bed.restart_operator_with(design.flags()).await?;
     let ready_limit = Duration::from_secs(120) + Duration::from_millis(200 * size as u64);
@@ -1323,13 +1361,11 @@ async fn fairness(
     board: &Board,
     active: &[FleetRef],
     size: usize,
-    design: Design,
+    design: &Design,
     tag: &str,
     without: &Reaction,
 ) -> Result<Fairness> {
-    let ns = bed
-        .namespace(&format!("hot{size}{}", &design.name()[..1]))
-        .await?;
+    let ns = bed.namespace(&format!("hot{size}{}", design.tag())).await?;
     let api = Api::<CelldFleet>::namespaced(bed.client.clone(), &ns);
     let name = "hot";
     api.create(
@@ -1407,4 +1443,35 @@ async fn remove_hot(bed: &Bed, api: &Api<CelldFleet>, ns: &str, name: &str) -> R
         .delete(ns, &DeleteParams::default())
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod design_tests {
+    use super::Design;
+
+    #[test]
+    fn a_design_is_a_base_and_optional_flags() {
+        let c = Design::parse("cached").unwrap();
+        assert_eq!(
+            (c.name(), c.flags(), c.tag()),
+            ("cached", vec![], "c".into())
+        );
+        let f = Design::parse(" fresh ").unwrap();
+        assert_eq!(f.flags(), vec!["--test-fresh-reads".to_string()]);
+        assert_eq!(f.tag(), "f");
+        let t = Design::parse("fresh+--reconcile-concurrency=32+--x").unwrap();
+        assert_eq!(t.name(), "fresh+--reconcile-concurrency=32+--x");
+        assert_eq!(
+            t.flags(),
+            vec![
+                "--test-fresh-reads".to_string(),
+                "--reconcile-concurrency=32".into(),
+                "--x".into()
+            ]
+        );
+        assert_eq!(t.tag(), "frency32x");
+        assert!(Design::parse("cache").is_err());
+        assert!(Design::parse("cached+reconcile").is_err());
+        assert!(Design::parse("cached+--").is_err());
+    }
 }
