@@ -224,6 +224,7 @@ async fn reconcile_fleet(
     }
     if let Some(w) = &ctx.watches {
         ctx.metrics.cached_objects.set(w.cached_objects() as i64);
+        ctx.metrics.cached_bytes.set(w.cached_bytes() as i64);
         ctx.metrics
             .watched_namespaces
             .set(w.namespaces().len() as i64);

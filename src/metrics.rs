@@ -127,6 +127,8 @@ pub struct Metrics {
     pub leader_ready_seconds: Gauge<f64, AtomicU64>,
     /// Objects in the watch-fed caches.
     pub cached_objects: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// Bytes of JSON the namespaces' compact stores hold.
+    pub cached_bytes: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// Namespaces whose watches are open.
     pub watched_namespaces: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// HTTP/2 connections carrying namespace watches.
@@ -171,6 +173,7 @@ impl Metrics {
             fleets_reconciled: Gauge::default(),
             leader_ready_seconds: Gauge::default(),
             cached_objects: Gauge::default(),
+            cached_bytes: Gauge::default(),
             watched_namespaces: Gauge::default(),
             watch_connections: Gauge::default(),
         };
@@ -311,6 +314,11 @@ impl Metrics {
             "celld_operator_cached_objects",
             "objects held in the watch-fed caches",
             m.cached_objects.clone(),
+        );
+        r.register(
+            "celld_operator_cached_bytes",
+            "bytes of JSON held by the namespaces' compact stores (labelled objects)",
+            m.cached_bytes.clone(),
         );
         r.register(
             "celld_operator_watched_namespaces",

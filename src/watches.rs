@@ -113,6 +113,17 @@ impl NsCache {
             + self.service_accounts.len()
     }
 
+    /// Bytes of JSON held by the compact stores.
+    pub fn json_bytes(&self) -> usize {
+        self.pods.json_bytes()
+            + self.statefulsets.json_bytes()
+            + self.deployments.json_bytes()
+            + self.claims.json_bytes()
+            + self.services.json_bytes()
+            + self.network_policies.json_bytes()
+            + self.pdbs.json_bytes()
+    }
+
     /// Nothing cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -313,6 +324,14 @@ impl Watches {
         self.namespaces
             .lock()
             .map(|n| n.values().map(|n| n.cache.len()).sum())
+            .unwrap_or(0)
+    }
+
+    /// Bytes of JSON held by every namespace's compact stores.
+    pub fn cached_bytes(&self) -> usize {
+        self.namespaces
+            .lock()
+            .map(|n| n.values().map(|n| n.cache.json_bytes()).sum())
             .unwrap_or(0)
     }
 

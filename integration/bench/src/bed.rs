@@ -519,7 +519,10 @@ impl Operator {
             .create(true)
             .append(true)
             .open(&log)?;
+        let (env, flags): (Vec<&String>, Vec<&String>) =
+            extra.iter().partition(|e| crate::scale::is_env(e));
         let child = Command::new(binary)
+            .envs(env.iter().filter_map(|e| e.split_once('=')))
             .env("KUBECONFIG", kubeconfig)
             .env("POD_NAME", identity)
             .env("RUST_LOG", "info")
@@ -533,7 +536,7 @@ impl Operator {
             .args(["--operator-namespace", OPERATOR_NAMESPACE])
             .arg(format!("--health-bind-address={health}"))
             .arg(format!("--metrics-bind-address={metrics}"))
-            .args(extra)
+            .args(flags)
             .arg("--journal-dir")
             .arg(dir.join("journal"))
             .stdin(Stdio::null())

@@ -47,9 +47,15 @@ pub enum Base {
     Fresh,
 }
 
+/// Whether a design's extra item is an environment variable (`NAME=value`) rather than a flag.
+pub fn is_env(item: &str) -> bool {
+    !item.starts_with('-') && item.split_once('=').is_some_and(|(n, _)| !n.is_empty())
+}
+
 /// An operator design compared by the scale bed: `cached` or `fresh`, optionally followed by
-/// operator flags joined with `+` (e.g. `cached+--reconcile-concurrency=32`), so a tuning is
-/// measured side by side with the defaults in the same run.
+/// operator flags or environment variables joined with `+` (e.g.
+/// `cached+--reconcile-concurrency=32`, `cached+MALLOC_ARENA_MAX=2`), so a tuning is measured
+/// side by side with the defaults in the same run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Design {
     base: Base,
@@ -63,7 +69,8 @@ impl Design {
         &self.name
     }
 
-    /// Flags added to `celld-operator run --local-test …`.
+    /// Flags added to `celld-operator run --local-test …`, and `NAME=value` items set in its
+    /// environment.
     pub fn flags(&self) -> Vec<String> {
         let mut flags = match self.base {
             Base::Cached => Vec::new(),
@@ -101,8 +108,13 @@ impl Design {
             }
         };
         let extra: Vec<String> = parts.map(str::to_string).collect();
-        if let Some(bad) = extra.iter().find(|f| !f.starts_with("--") || f.len() < 3) {
-            return Err(format!("{bad:?} in {s:?}: an extra flag starts with --"));
+        if let Some(bad) = extra
+            .iter()
+            .find(|f| !is_env(f) && (!f.starts_with("--") || f.len() < 3))
+        {
+            return Err(format!(
+                "{bad:?} in {s:?}: an extra item is a flag (--name[=value]) or NAME=value"
+            ));
         }
         Ok(Design {
             base,
@@ -216,6 +228,8 @@ pub struct DesignResult {
     /// `celld_operator_cached_objects` at the end of the window.
     #[serde(serialize_with = "na")]
     pub cached_objects: Option<f64>,
+    /// `celld_operator_cached_bytes` at the end of the window (JSON held by the compact stores).
+    pub cached_bytes: Option<f64>,
     /// ESTABLISHED TCP connections from the operator to the API server at the end of the
     /// window (watches, the request pool and the Lease), counted from /proc.
     #[serde(serialize_with = "na")]
@@ -421,6 +435,7 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             pass(&d.at_rest.passes_per_min, "fresh"),
         ),
         ("cached objects", d.cached_objects),
+        ("cached JSON MiB", d.cached_bytes.map(|b| b / 1048576.0)),
         (
             "TCP connections to the API server",
             d.api_connections.map(|n| n as f64),
@@ -606,7 +621,7 @@ impl Drop for Board {
 pub fn accepts(operator_bin: &std::path::Path, flags: &[String]) -> bool {
     std::process::Command::new(operator_bin)
         .args(["run", "--local-test"])
-        .args(flags)
+        .args(flags.iter().filter(|f| !is_env(f)))
         .arg("--help")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -920,6 +935,7 @@ async fn measure_design(
         hwm_kib,
         cpu_s_per_min,
         cached_objects: after.cached_objects,
+        cached_bytes: after.cached_bytes,
         api_connections,
         watch_connections: after.watch_connections,
         reaction,
@@ -1473,5 +1489,8 @@ mod design_tests {
         assert!(Design::parse("cache").is_err());
         assert!(Design::parse("cached+reconcile").is_err());
         assert!(Design::parse("cached+--").is_err());
+        let e = Design::parse("cached+MALLOC_ARENA_MAX=2").unwrap();
+        assert_eq!(e.flags(), vec!["MALLOC_ARENA_MAX=2".to_string()]);
+        assert!(super::is_env("A=1") && !super::is_env("--a=1") && !super::is_env("=1"));
     }
 }

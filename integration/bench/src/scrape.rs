@@ -49,6 +49,8 @@ pub struct Snapshot {
     /// `celld_operator_cached_objects` (objects in the watch-fed caches); `None` when not
     /// exported.
     pub cached_objects: Option<f64>,
+    /// `celld_operator_cached_bytes`; `None` when not exported (older binaries).
+    pub cached_bytes: Option<f64>,
     /// `celld_operator_watch_connections`; `None` when not exported.
     pub watch_connections: Option<f64>,
 }
@@ -340,6 +342,7 @@ pub fn parse(text: &str) -> Snapshot {
                 }
                 "celld_operator_leader" => s.leader = Some(value),
                 "celld_operator_cached_objects" => s.cached_objects = Some(value),
+                "celld_operator_cached_bytes" => s.cached_bytes = Some(value),
                 "celld_operator_watch_connections" => s.watch_connections = Some(value),
                 _ => {}
             },
