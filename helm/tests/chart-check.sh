@@ -32,6 +32,10 @@ reject "image.digest" --set image.digest=latest
 reject "image" --set-string image.tag=v1
 reject "replicas" --set replicas=0
 reject "logFormat" --set logFormat=xml
+reject "reconcileConcurrency" --set reconcileConcurrency=0
+reject "reconcileConcurrency" --set reconcileConcurrency=65
+reject "watchNamespacesPerConnection" --set watchNamespacesPerConnection=101
+reject "watchNamespacesPerConnection" --set-string watchNamespacesPerConnection=ten
 reject "annotationBytes" --set journal.annotationBytes=200000
 reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
 reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
@@ -39,6 +43,7 @@ reject "additional" --set unknownKey=1
 reject "metrics.port and healthPort are both 8082" --set metrics.port=8082
 accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
+accept --set watchNamespacesPerConnection=0 --set reconcileConcurrency=64
 accept --set memberReplacementDelay=2h
 accept --set memberReplacementDelay=1h5m
 
