@@ -568,6 +568,20 @@ impl Operator {
         Ok((field("VmRSS:")?, field("VmHWM:")?))
     }
 
+    /// `(RssAnon, RssFile)` in KiB: the heap and stacks, and the mapped files (mostly the
+    /// binary's own code, shared with the page cache). `None` if the kernel does not say.
+    pub fn rss_split_kib(&self) -> Option<(u64, u64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|n| n.parse::<u64>().ok())
+        };
+        Some((field("RssAnon:")?, field("RssFile:")?))
+    }
+
     /// CPU time (user + system) the process used so far, in seconds (`/proc/<pid>/stat`).
     pub fn cpu_seconds(&self) -> Result<f64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))

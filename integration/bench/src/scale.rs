@@ -223,6 +223,10 @@ pub struct DesignResult {
     pub rss_kib: u64,
     /// VmHWM, the process's peak RSS so far (KiB).
     pub hwm_kib: u64,
+    /// Of VmRSS: anonymous memory (heap, stacks), KiB.
+    pub rss_anon_kib: Option<u64>,
+    /// Of VmRSS: mapped files (mostly the operator binary's code), KiB.
+    pub rss_file_kib: Option<u64>,
     /// CPU seconds (user + system) per minute over the window.
     pub cpu_s_per_min: f64,
     /// `celld_operator_cached_objects` at the end of the window.
@@ -443,6 +447,14 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
         ("HTTP/2 watch connections", d.watch_connections),
         ("VmRSS, MiB", Some(d.rss_kib as f64 / 1024.0)),
         ("VmHWM, MiB", Some(d.hwm_kib as f64 / 1024.0)),
+        (
+            "of VmRSS: anonymous (heap), MiB",
+            d.rss_anon_kib.map(|k| k as f64 / 1024.0),
+        ),
+        (
+            "of VmRSS: mapped files (the binary), MiB",
+            d.rss_file_kib.map(|k| k as f64 / 1024.0),
+        ),
         ("CPU s/min at rest", Some(d.cpu_s_per_min)),
         (
             "under load: requests per operation",
@@ -876,6 +888,7 @@ async fn measure_design(
     let after = bed.metrics.snapshot().await?;
     let cpu_after = bed.operator().cpu_seconds()?;
     let (rss_kib, hwm_kib) = bed.operator().memory_kib()?;
+    let rss_split = bed.operator().rss_split_kib();
     let api_connections = celld_harness::net::url_port(&celld_harness::cluster().apiserver_url)
         .and_then(|port| celld_harness::net::established_to(bed.operator().pid, port).ok());
     let audited = bed.operator_audit()?;
@@ -933,6 +946,8 @@ async fn measure_design(
         at_rest,
         rss_kib,
         hwm_kib,
+        rss_anon_kib: rss_split.map(|s| s.0),
+        rss_file_kib: rss_split.map(|s| s.1),
         cpu_s_per_min,
         cached_objects: after.cached_objects,
         cached_bytes: after.cached_bytes,
