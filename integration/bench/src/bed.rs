@@ -553,16 +553,9 @@ impl Operator {
 
     /// `(VmRSS, VmHWM)` in KiB.
     pub fn memory_kib(&self) -> Result<(u64, u64)> {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).with_context(|| {
-                format!("reading /proc/{}/status (did the operator exit?)", self.pid)
-            })?;
+        let status = self.status()?;
         let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok())
+            status_kib(&status, name)
                 .with_context(|| format!("{name} missing in /proc/{}/status", self.pid))
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
@@ -571,15 +564,17 @@ impl Operator {
     /// `(RssAnon, RssFile)` in KiB: the heap and stacks, and the mapped files (mostly the
     /// binary's own code, shared with the page cache). `None` if the kernel does not say.
     pub fn rss_split_kib(&self) -> Option<(u64, u64)> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok())
-        };
-        Some((field("RssAnon:")?, field("RssFile:")?))
+        let status = self.status().ok()?;
+        Some((
+            status_kib(&status, "RssAnon:")?,
+            status_kib(&status, "RssFile:")?,
+        ))
+    }
+
+    /// `/proc/<pid>/status`.
+    fn status(&self) -> Result<String> {
+        std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+            .with_context(|| format!("reading /proc/{}/status (did the operator exit?)", self.pid))
     }
 
     /// CPU time (user + system) the process used so far, in seconds (`/proc/<pid>/stat`).
@@ -654,5 +649,26 @@ mod tests {
             "4242 (celld op (x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
         assert_eq!(cpu_seconds_of(stat, 100.0), Some(3.0));
         assert_eq!(cpu_seconds_of("garbage", 100.0), None);
+    }
+}
+
+/// The number after `name` in a `/proc/<pid>/status` text (`VmRSS:   1234 kB` → 1234).
+fn status_kib(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[cfg(test)]
+mod status_tests {
+    #[test]
+    fn status_fields_are_read_by_name() {
+        let s = "Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\nRssAnon:\t 700 kB\n";
+        assert_eq!(super::status_kib(s, "VmRSS:"), Some(1024));
+        assert_eq!(super::status_kib(s, "VmHWM:"), Some(2048));
+        assert_eq!(super::status_kib(s, "RssAnon:"), Some(700));
+        assert_eq!(super::status_kib(s, "RssFile:"), None);
     }
 }
