@@ -102,6 +102,19 @@ start() { # name cmd...
   setsid "$@" >>"$work/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$work/run/$name.pid"
 }
+# A port held by something else (often another checkout's cluster on the same CELLD_PORT_BASE)
+# would make a component exit, or worse, make its health check answer for the other cluster.
+port_free() { # name port...
+  local name=$1; shift
+  if alive "$name"; then return 0; fi
+  local p
+  for p in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      log "port $p (for $name) is already in use by another process: another cluster on CELLD_PORT_BASE=$base? Stop it (make cluster-down in its checkout) or set CELLD_PORT_BASE"
+      exit 1
+    fi
+  done
+}
 wait_for() { # name seconds check...
   local name=$1 secs=$2; shift 2
   local i=0
@@ -114,6 +127,10 @@ wait_for() { # name seconds check...
   log "$name healthy"
 }
 
+port_free etcd "$etcd_client" "$etcd_peer"
+port_free kube-apiserver "$apiserver"
+port_free kube-controller-manager "$kcm"
+port_free kube-scheduler "$sched"
 start etcd "$bin/etcd" --name celld-test --data-dir "$work/etcd" \
   --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
   --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
