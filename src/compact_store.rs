@@ -27,6 +27,8 @@ use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::api::CelldFleet;
+
 /// One stored object.
 struct Entry {
     /// Values of the store's label keys (the labels lookups filter on), in their order.
@@ -194,6 +196,94 @@ fn decode<K: DeserializeOwned>(name: &str, json: &[u8]) -> Option<K> {
     }
 }
 
+/// The controller's copy of a fleet: its name, namespace, UID and resourceVersion, and the
+/// whole fleet as compact JSON (`managedFields` dropped), decoded when a reconcile starts.
+///
+/// kube's controller keeps every object it watches in its store for the life of the object;
+/// a fleet of about 7.7 KB of JSON (its journal annotation and status included) takes
+/// several times that as a Rust value, and 1,000 settled fleets held that value all the time
+/// although a fleet is read only when it reconciles. Deserializing this type from the API
+/// server's answer reads the full fleet and keeps its JSON, so the watch, the store and the
+/// controller's scheduling work on the small metadata only.
+#[derive(Clone)]
+pub struct CompactFleet {
+    metadata: kube::core::ObjectMeta,
+    json: Arc<[u8]>,
+}
+
+impl CompactFleet {
+    /// Keeps `fleet` (less `managedFields`) as JSON.
+    pub fn new(mut fleet: CelldFleet) -> Result<Self, serde_json::Error> {
+        fleet.metadata.managed_fields = None;
+        let json = serde_json::to_vec(&fleet)?;
+        let m = fleet.metadata;
+        Ok(Self {
+            metadata: kube::core::ObjectMeta {
+                name: m.name,
+                namespace: m.namespace,
+                uid: m.uid,
+                resource_version: m.resource_version,
+                ..Default::default()
+            },
+            json: json.into(),
+        })
+    }
+
+    /// The fleet (`None`, with a warning, if its JSON does not read back: never expected, as
+    /// it was written from the same type; the reconcile then reads the fleet afresh).
+    pub fn fleet(&self) -> Option<CelldFleet> {
+        decode(
+            self.metadata.name.as_deref().unwrap_or_default(),
+            &self.json,
+        )
+    }
+
+    /// Bytes of JSON held.
+    pub fn json_bytes(&self) -> usize {
+        self.json.len()
+    }
+}
+
+impl std::fmt::Debug for CompactFleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompactFleet")
+            .field("metadata", &self.metadata)
+            .field("json_bytes", &self.json.len())
+            .finish()
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for CompactFleet {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let fleet = CelldFleet::deserialize(d)?;
+        Self::new(fleet).map_err(serde::de::Error::custom)
+    }
+}
+
+impl Resource for CompactFleet {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        CelldFleet::kind(dt)
+    }
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        CelldFleet::group(dt)
+    }
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        CelldFleet::version(dt)
+    }
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        CelldFleet::plural(dt)
+    }
+    fn meta(&self) -> &kube::core::ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut kube::core::ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +413,64 @@ mod tests {
             s.labelled(LABEL, "f").is_none(),
             "a partial list is no list"
         );
+    }
+
+    /// A fleet as the API server sends it: journal annotation, status, managedFields.
+    fn fleet_json() -> serde_json::Value {
+        json!({
+            "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+            "metadata": {"name": "beta", "namespace": "demo", "uid": "f-1",
+                         "resourceVersion": "77", "generation": 4,
+                         "finalizers": ["celld.eric.dev/lifecycle-protection"],
+                         "annotations": {"celld.eric.dev/journal": "{\"v\":1,\"entries\":[]}"},
+                         "managedFields": [{"manager": "celld-operator", "operation": "Update"}]},
+            "spec": {"profile": "PersistentFleet", "runtimeImage": "img@sha256:1", "replicas": 3,
+                     "serviceAccountName": "celld",
+                     "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
+                     "storage": {"bucket": "b", "region": "us-east-1", "sizeGiB": 1}},
+            "status": {"replicas": 3, "appliedReplicas": 3, "readyReplicas": 3,
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Provisioned",
+                                       "message": "3 of 3 members are ready",
+                                       "lastTransitionTime": "2026-12-03T15:04:06Z"}]}
+        })
+    }
+
+    #[test]
+    fn a_compact_fleet_keeps_the_whole_fleet_and_only_the_keys_in_its_metadata() {
+        let full: CelldFleet = serde_json::from_value(fleet_json()).unwrap();
+        let compact: CompactFleet = serde_json::from_value(fleet_json()).unwrap();
+        // What the controller and its store use.
+        let meta = compact.meta();
+        assert_eq!(meta.name.as_deref(), Some("beta"));
+        assert_eq!(meta.namespace.as_deref(), Some("demo"));
+        assert_eq!(meta.uid.as_deref(), Some("f-1"));
+        assert_eq!(meta.resource_version.as_deref(), Some("77"));
+        assert!(meta.annotations.is_none() && meta.managed_fields.is_none());
+        // What a reconcile reads: the whole fleet, less managedFields.
+        let mut want = full.clone();
+        want.metadata.managed_fields = None;
+        assert_eq!(compact.fleet(), Some(want));
+        assert_ne!(full.metadata.managed_fields, None, "the input had them");
+        assert!(compact.json_bytes() < serde_json::to_vec(&full).unwrap().len());
+        // The same resource as CelldFleet, so its watch lists celldfleets.
+        assert_eq!(CompactFleet::plural(&()), CelldFleet::plural(&()));
+        assert_eq!(CompactFleet::api_version(&()), CelldFleet::api_version(&()));
+        assert_eq!(CompactFleet::kind(&()), CelldFleet::kind(&()));
+    }
+
+    #[test]
+    fn a_fleet_that_is_not_a_fleet_is_refused_as_the_full_type_would_be() {
+        let mut bad = fleet_json();
+        bad["spec"]["replicas"] = json!("three");
+        let err = serde_json::from_value::<CompactFleet>(bad.clone()).unwrap_err();
+        let full = serde_json::from_value::<CelldFleet>(bad).unwrap_err();
+        assert_eq!(err.to_string(), full.to_string());
+    }
+
+    #[test]
+    fn a_compact_fleet_whose_json_does_not_read_back_is_a_miss() {
+        let mut compact: CompactFleet = serde_json::from_value(fleet_json()).unwrap();
+        compact.json = Arc::from(&b"{\"metadata\": 1}"[..]);
+        assert_eq!(compact.fleet(), None);
     }
 }

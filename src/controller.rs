@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::api::CelldFleet;
 use crate::cli::{LogFormat, RunArgs};
+use crate::compact_store::CompactFleet;
 use crate::leader::{self, Leadership};
 use crate::reconcile::{self, Ctx, Next};
 use crate::render::RenderSettings;
@@ -184,7 +185,7 @@ fn jitter(uid: &str) -> Duration {
 
 /// One reconcile of one fleet, as the controller calls it: lease check, metrics, requeue.
 async fn reconcile_fleet(
-    fleet: Arc<CelldFleet>,
+    fleet: Arc<CompactFleet>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, reconcile::Error> {
     let ns = fleet.namespace().unwrap_or_default();
@@ -193,7 +194,10 @@ async fn reconcile_fleet(
     let _enter = span.enter();
     ctx.check_lease();
     let started = std::time::Instant::now();
-    let (result, pass) = reconcile::reconcile(&ns, &name, &ctx, Some(&fleet)).await;
+    // A cached copy that does not decode (not expected) leaves the reconcile to fresh reads.
+    let cached = fleet.fleet();
+    let (result, pass) = reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()).await;
+    drop(cached);
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -251,7 +255,7 @@ async fn reconcile_fleet(
     })
 }
 
-fn error_policy(fleet: Arc<CelldFleet>, error: &reconcile::Error, ctx: Arc<Ctx>) -> Action {
+fn error_policy(fleet: Arc<CompactFleet>, error: &reconcile::Error, ctx: Arc<Ctx>) -> Action {
     let key = format!(
         "{}/{}",
         fleet.namespace().unwrap_or_default(),
@@ -523,25 +527,44 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ready.store(true, Ordering::SeqCst);
     let client_for_release = client.clone();
     let triggers = route_triggers(pod_events_rx, &args.watch_namespaces);
-    let controllers = apis.into_iter().zip(triggers).map(|(fleets, trigger)| {
-        // The controller's own fleet store, without managedFields (nothing reads them; each
-        // status write adds to them).
-        let (reader, writer) = kube::runtime::reflector::store();
-        let fleets = kube::runtime::watcher(fleets, crate::watches::watch_config())
-            .default_backoff()
-            .modify(|f: &mut CelldFleet| f.metadata.managed_fields = None)
-            .reflect(writer)
-            .applied_objects();
-        Controller::for_stream(fleets, reader)
-            .with_config(
-                kube::runtime::controller::Config::default()
-                    .concurrency(args.reconcile_concurrency),
-            )
-            .reconcile_on(trigger)
-            .graceful_shutdown_on(stop())
-            .run(reconcile_fleet, error_policy, ctx.clone())
-            .boxed()
-    });
+    let scopes: Vec<Option<String>> = if args.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        args.watch_namespaces.iter().cloned().map(Some).collect()
+    };
+    let controllers = scopes
+        .into_iter()
+        .zip(triggers)
+        .map(|(fleets_ns, trigger)| {
+            // The controller's own fleet store keeps each fleet as JSON (`CompactFleet`, less
+            // managedFields: nothing reads them and each status write adds to them), decoded
+            // when the fleet reconciles.
+            let (reader, writer) = kube::runtime::reflector::store();
+            let fleets: Api<CompactFleet> = match fleets_ns {
+                Some(ns) => Api::namespaced(client.clone(), &ns),
+                None => Api::all(client.clone()),
+            };
+            let fleets = kube::runtime::watcher(fleets, crate::watches::watch_config())
+                .default_backoff()
+                .reflect(writer)
+                .applied_objects();
+            let trigger = trigger.map(|r| {
+                let key = kube::runtime::reflector::ObjectRef::<CompactFleet>::new(&r.name);
+                match r.namespace {
+                    Some(ns) => key.within(&ns),
+                    None => key,
+                }
+            });
+            Controller::for_stream(fleets, reader)
+                .with_config(
+                    kube::runtime::controller::Config::default()
+                        .concurrency(args.reconcile_concurrency),
+                )
+                .reconcile_on(trigger)
+                .graceful_shutdown_on(stop())
+                .run(reconcile_fleet, error_policy, ctx.clone())
+                .boxed()
+        });
     let controller = futures::stream::select_all(controllers).for_each(|_| async {});
     tokio::pin!(controller);
     let bounded = async {

@@ -61,6 +61,8 @@ pub struct Bed {
     pub operator: Option<Operator>,
     /// Extra flags of the running operator (a design of the scale bed).
     operator_flags: Vec<String>,
+    /// The binary of the running design, if not `settings.operator_bin`.
+    operator_binary: Option<PathBuf>,
     kubelet: Option<TestKubelet>,
     started_cluster: bool,
     settings: Settings,
@@ -161,6 +163,7 @@ impl Bed {
             health,
             operator: None,
             operator_flags: Vec::new(),
+            operator_binary: None,
             kubelet: Some(kubelet),
             started_cluster: !already,
             settings,
@@ -181,7 +184,9 @@ impl Bed {
     fn spawn_operator(&mut self) -> Result<Instant> {
         let spawned = Instant::now();
         let operator = Operator::start(
-            &self.settings.operator_bin,
+            self.operator_binary
+                .as_deref()
+                .unwrap_or(&self.settings.operator_bin),
             &self.work.join("operator.kubeconfig"),
             &format!("celld-bench-{}", self.run_id),
             &self.work.join("operator"),
@@ -225,9 +230,13 @@ impl Bed {
     }
 
     /// Stops the operator, deletes its Lease and starts a fresh process (same identity and
-    /// journal mirror) with `flags` added (a design of the scale bed); returns the instant the
-    /// process was spawned, without waiting for it.
-    pub async fn restart_operator_with(&mut self, flags: Vec<String>) -> Result<Instant> {
+    /// journal mirror) of `binary` (default: `--operator-bin`) with `flags` added (a design
+    /// of the scale bed); returns the instant the process was spawned, without waiting for it.
+    pub async fn restart_operator_with(
+        &mut self,
+        binary: Option<&Path>,
+        flags: Vec<String>,
+    ) -> Result<Instant> {
         if let Some(op) = self.operator.take() {
             op.stop();
         }
@@ -235,6 +244,7 @@ impl Bed {
             .delete("celld-operator", &DeleteParams::default())
             .await;
         self.operator_flags = flags;
+        self.operator_binary = binary.map(Path::to_path_buf);
         self.spawn_operator()
     }
 

@@ -53,13 +53,15 @@ pub fn is_env(item: &str) -> bool {
 }
 
 /// An operator design compared by the scale bed: `cached` or `fresh`, optionally followed by
-/// operator flags or environment variables joined with `+` (e.g.
-/// `cached+--reconcile-concurrency=32`, `cached+MALLOC_ARENA_MAX=2`), so a tuning is measured
-/// side by side with the defaults in the same run.
+/// operator flags, environment variables or another operator binary joined with `+` (e.g.
+/// `cached+--reconcile-concurrency=32`, `cached+MALLOC_ARENA_MAX=2`,
+/// `cached+bin:/tmp/celld-operator-main`), so a tuning or a change is measured side by side
+/// with the defaults in the same run, on the same fleets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Design {
     base: Base,
     extra: Vec<String>,
+    binary: Option<std::path::PathBuf>,
     name: String,
 }
 
@@ -80,13 +82,24 @@ impl Design {
         flags
     }
 
+    /// The operator binary this design runs (`None`: the bench's `--operator-bin`).
+    pub fn binary(&self) -> Option<&std::path::Path> {
+        self.binary.as_deref()
+    }
+
     /// A short tag for namespace names: the base's initial, then the last alphanumerics of
-    /// the extra flags (`c`, `f`, `crrency32`).
+    /// the extra items (`c`, `f`, `crrency32`).
     pub fn tag(&self) -> String {
+        let binary = self
+            .binary
+            .as_ref()
+            .map(|b| b.display().to_string())
+            .unwrap_or_default();
         let extra: Vec<char> = self
             .extra
             .concat()
             .chars()
+            .chain(binary.chars())
             .filter(char::is_ascii_alphanumeric)
             .map(|c| c.to_ascii_lowercase())
             .collect();
@@ -94,7 +107,8 @@ impl Design {
         format!("{}{tail}", &self.name[..1])
     }
 
-    /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]` segments.
+    /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]`, `+NAME=value` and
+    /// `+bin:PATH` segments.
     pub fn parse(s: &str) -> Result<Design, String> {
         let s = s.trim();
         let mut parts = s.split('+');
@@ -107,18 +121,26 @@ impl Design {
                 ))
             }
         };
-        let extra: Vec<String> = parts.map(str::to_string).collect();
+        let (binaries, extra): (Vec<String>, Vec<String>) = parts
+            .map(str::to_string)
+            .partition(|p| p.starts_with("bin:"));
+        let binary = match binaries.as_slice() {
+            [] => None,
+            [one] if one.len() > 4 => Some(std::path::PathBuf::from(&one[4..])),
+            _ => return Err(format!("{s:?}: at most one bin:PATH, with a path")),
+        };
         if let Some(bad) = extra
             .iter()
             .find(|f| !is_env(f) && (!f.starts_with("--") || f.len() < 3))
         {
             return Err(format!(
-                "{bad:?} in {s:?}: an extra item is a flag (--name[=value]) or NAME=value"
+                "{bad:?} in {s:?}: an extra item is a flag (--name[=value]), NAME=value or bin:PATH"
             ));
         }
         Ok(Design {
             base,
             extra,
+            binary,
             name: s.to_string(),
         })
     }
@@ -658,12 +680,13 @@ pub async fn run(
     };
     let mut designs = Vec::new();
     for d in &cfg.designs {
-        if accepts(operator_bin, &d.flags()) {
+        let bin = d.binary().unwrap_or(operator_bin);
+        if accepts(bin, &d.flags()) {
             designs.push(d.clone());
         } else {
             let why = format!(
                 "{} does not accept {} (not in this build)",
-                operator_bin.display(),
+                bin.display(),
                 d.flags().join(" ")
             );
             progress(&format!("[scale] design {} skipped: {why}", d.name()));
@@ -992,7 +1015,9 @@ async fn start_up(
     size: usize,
     design: &Design,
 ) -> Result<Startup> {
-    let spawned = bed.restart_operator_with(design.flags()).await?;
+    let spawned = bed
+        .restart_operator_with(design.binary(), design.flags())
+        .await?;
     let ready_limit = Duration::from_secs(120) + Duration::from_millis(200 * size as u64);
     let ready_s = loop {
         bed.operator
@@ -1501,6 +1526,13 @@ mod design_tests {
             ]
         );
         assert_eq!(t.tag(), "frency32x");
+        let b = Design::parse("cached+bin:/tmp/op-main+--reconcile-concurrency=4").unwrap();
+        assert_eq!(b.binary(), Some(std::path::Path::new("/tmp/op-main")));
+        assert_eq!(b.flags(), vec!["--reconcile-concurrency=4".to_string()]);
+        assert_eq!(b.tag(), "cmpopmain");
+        assert_eq!(Design::parse("cached").unwrap().binary(), None);
+        assert!(Design::parse("cached+bin:").is_err());
+        assert!(Design::parse("cached+bin:/a+bin:/b").is_err());
         assert!(Design::parse("cache").is_err());
         assert!(Design::parse("cached+reconcile").is_err());
         assert!(Design::parse("cached+--").is_err());
