@@ -33,7 +33,7 @@ use crate::api::CelldFleet;
 struct Entry {
     /// Values of the store's label keys (the labels lookups filter on), in their order.
     labels: Box<[Option<Box<str>>]>,
-    /// The object's JSON.
+    /// The object's JSON, LZ4-compressed ([`pack`]).
     json: Box<[u8]>,
 }
 
@@ -82,7 +82,7 @@ where
     fn entry(&self, obj: &K) -> Option<(Box<str>, Entry)> {
         let name = obj.meta().name.as_deref()?;
         let json = match serde_json::to_vec(obj) {
-            Ok(json) => json.into_boxed_slice(),
+            Ok(json) => pack(&json),
             Err(e) => {
                 // Not expected (a value that was just deserialized); the object is left out
                 // of the store, so a cached pass that needs it escalates.
@@ -177,7 +177,7 @@ where
         named.into_iter().map(|(n, e)| decode(n, &e.json)).collect()
     }
 
-    /// Bytes of JSON held (a gauge's input; keys and map overhead not counted).
+    /// Bytes held: the compressed JSON (a gauge's input; keys and map overhead not counted).
     pub fn json_bytes(&self) -> usize {
         self.inner
             .read()
@@ -186,8 +186,35 @@ where
     }
 }
 
-fn decode<K: DeserializeOwned>(name: &str, json: &[u8]) -> Option<K> {
-    match serde_json::from_slice(json) {
+/// Largest JSON an entry may unpack to (an API object is at most about 1.5 MiB; etcd's limit).
+const MAX_UNPACKED: usize = 16 << 20;
+
+/// An object's JSON as kept: LZ4 block format with its length first (`lz4_flex`). JSON of
+/// Kubernetes objects compresses about 2–4 times (field names and label keys repeat), and
+/// unpacks at several hundred MB/s: a cached pass's read of a few objects costs microseconds.
+fn pack(json: &[u8]) -> Box<[u8]> {
+    lz4_flex::compress_prepend_size(json).into_boxed_slice()
+}
+
+/// The JSON of a packed entry (`None` if it does not unpack, or would unpack to more than
+/// [`MAX_UNPACKED`] bytes).
+fn unpack(packed: &[u8]) -> Option<Vec<u8>> {
+    let size = u32::from_le_bytes(packed.get(..4)?.try_into().ok()?) as usize;
+    if size > MAX_UNPACKED {
+        return None;
+    }
+    lz4_flex::decompress_size_prepended(packed).ok()
+}
+
+fn decode<K: DeserializeOwned>(name: &str, packed: &[u8]) -> Option<K> {
+    let Some(json) = unpack(packed) else {
+        tracing::warn!(
+            name,
+            "cached object does not unpack; read from the API server instead"
+        );
+        return None;
+    };
+    match serde_json::from_slice(&json) {
         Ok(obj) => Some(obj),
         Err(e) => {
             tracing::warn!(name, error = %e, "cached object not readable; read from the API server instead");
@@ -197,7 +224,8 @@ fn decode<K: DeserializeOwned>(name: &str, json: &[u8]) -> Option<K> {
 }
 
 /// The controller's copy of a fleet: its name, namespace, UID and resourceVersion, and the
-/// whole fleet as compact JSON (`managedFields` dropped), decoded when a reconcile starts.
+/// whole fleet as compact JSON (`managedFields` dropped, packed like the stores' entries),
+/// decoded when a reconcile starts.
 ///
 /// kube's controller keeps every object it watches in its store for the life of the object;
 /// a fleet of about 7.7 KB of JSON (its journal annotation and status included) takes
@@ -215,7 +243,7 @@ impl CompactFleet {
     /// Keeps `fleet` (less `managedFields`) as JSON.
     pub fn new(mut fleet: CelldFleet) -> Result<Self, serde_json::Error> {
         fleet.metadata.managed_fields = None;
-        let json = serde_json::to_vec(&fleet)?;
+        let json = pack(&serde_json::to_vec(&fleet)?);
         let m = fleet.metadata;
         Ok(Self {
             metadata: kube::core::ObjectMeta {
@@ -238,7 +266,7 @@ impl CompactFleet {
         )
     }
 
-    /// Bytes of JSON held.
+    /// Bytes held (the compressed JSON).
     pub fn json_bytes(&self) -> usize {
         self.json.len()
     }
@@ -337,7 +365,10 @@ mod tests {
         .unwrap();
         let s = CompactStore::<StatefulSet>::new(KEYS);
         s.apply(&watcher::Event::Apply(sts.clone()));
-        assert_eq!(s.get("alpha"), Some(sts));
+        assert_eq!(s.get("alpha"), Some(sts.clone()));
+        // Kept packed: fewer bytes than the JSON (its keys repeat).
+        let raw = serde_json::to_vec(&sts).unwrap().len();
+        assert!(s.json_bytes() < raw, "{} !< {raw}", s.json_bytes());
     }
 
     #[test]
@@ -404,9 +435,24 @@ mod tests {
             "a-1".into(),
             Entry {
                 labels: Box::new([Some("f".into()), None]),
-                json: b"{not json".to_vec().into_boxed_slice(),
+                json: pack(b"{not json"),
             },
         );
+        // Bytes that are not LZ4 at all, and a length beyond the bound, are misses too.
+        for junk in [
+            &b"\x05\x00\x00\x00zz"[..],
+            &b"\xff\xff\xff\x7f{}"[..],
+            b"{}",
+        ] {
+            s.inner.write().unwrap().objects.insert(
+                "a-2".into(),
+                Entry {
+                    labels: Box::new([None, None]),
+                    json: junk.to_vec().into_boxed_slice(),
+                },
+            );
+            assert!(s.get("a-2").is_none(), "{junk:?}");
+        }
         assert!(s.get("a-1").is_none());
         assert!(s.get("a-0").is_some());
         assert!(
@@ -470,7 +516,7 @@ mod tests {
     #[test]
     fn a_compact_fleet_whose_json_does_not_read_back_is_a_miss() {
         let mut compact: CompactFleet = serde_json::from_value(fleet_json()).unwrap();
-        compact.json = Arc::from(&b"{\"metadata\": 1}"[..]);
+        compact.json = Arc::from(pack(b"{\"metadata\": 1}"));
         assert_eq!(compact.fleet(), None);
     }
 }
