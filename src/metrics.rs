@@ -127,7 +127,7 @@ pub struct Metrics {
     pub leader_ready_seconds: Gauge<f64, AtomicU64>,
     /// Objects in the watch-fed caches.
     pub cached_objects: Gauge<i64, std::sync::atomic::AtomicI64>,
-    /// Bytes of JSON the namespaces' compact stores hold.
+    /// Bytes the namespaces' compact stores hold (compressed JSON).
     pub cached_bytes: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// Namespaces whose watches are open.
     pub watched_namespaces: Gauge<i64, std::sync::atomic::AtomicI64>,
@@ -317,7 +317,7 @@ impl Metrics {
         );
         r.register(
             "celld_operator_cached_bytes",
-            "bytes of JSON held by the namespaces' compact stores (labelled objects)",
+            "bytes held by the namespaces' compact stores (LZ4-compressed JSON of labelled objects)",
             m.cached_bytes.clone(),
         );
         r.register(
