@@ -166,7 +166,7 @@ bench-journal:
 ## (e.g. BENCH_ARGS='--skip-ops --fleets 20,50 --at-rest-window 90s'; --help lists them).
 BENCH_ARGS ?=
 bench-operator: control-plane
-	@echo "==> building celld-operator, celld-test-kubelet, celld-bench (release; a few minutes when cold)"
+	@echo "==> building celld-operator, celld-test-kubelet, celld-bench (release, fat LTO: about 15 minutes on 2 cores when cold)"
 	$(CARGO) build --release -p celld-operator -p celld-test-kubelet -p celld-bench
 	@echo "==> operator benchmark (~2 h with the defaults; progress on stderr)"
 	$(CARGO) run --release -q -p celld-bench -- $(BENCH_ARGS)
