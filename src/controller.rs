@@ -197,7 +197,6 @@ async fn reconcile_fleet(
     // A cached copy that does not decode (not expected) leaves the reconcile to fresh reads.
     let cached = fleet.fleet();
     let (result, pass) = reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()).await;
-    drop(cached);
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -499,14 +498,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // `--watch-namespaces`: one controller per namespace, each listing and watching fleets
     // only there (a namespaced installation never lists fleets elsewhere); otherwise one
     // cluster-wide controller.
-    let apis: Vec<Api<CelldFleet>> = if args.watch_namespaces.is_empty() {
-        vec![Api::all(client.clone())]
+    let scopes: Vec<Option<String>> = if args.watch_namespaces.is_empty() {
+        vec![None]
     } else {
-        args.watch_namespaces
-            .iter()
-            .map(|ns| Api::namespaced(client.clone(), ns))
-            .collect()
+        args.watch_namespaces.iter().cloned().map(Some).collect()
     };
+    let apis: Vec<Api<CelldFleet>> = scopes
+        .iter()
+        .map(|ns| match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        })
+        .collect();
     replay_mirror(&ctx, &apis).await?;
     // The caches of every namespace with a fleet are listed before the first reconcile, so
     // a start reconciles settled fleets from them (bounded: a namespace whose watch is
@@ -527,11 +530,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     ready.store(true, Ordering::SeqCst);
     let client_for_release = client.clone();
     let triggers = route_triggers(pod_events_rx, &args.watch_namespaces);
-    let scopes: Vec<Option<String>> = if args.watch_namespaces.is_empty() {
-        vec![None]
-    } else {
-        args.watch_namespaces.iter().cloned().map(Some).collect()
-    };
     let controllers = scopes
         .into_iter()
         .zip(triggers)
