@@ -157,6 +157,11 @@ pub struct RunArgs {
     /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,
+    /// glibc malloc arenas (`mallopt(M_ARENA_MAX)`), set before any thread starts; 0 keeps
+    /// glibc's default (8 per CPU). Ignored when `MALLOC_ARENA_MAX` is in the environment
+    /// (glibc has applied it) and on builds not linked against glibc.
+    #[arg(long, default_value_t = DEFAULT_MALLOC_ARENAS, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub malloc_arenas: u16,
     /// Log format.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -170,6 +175,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "10m", value_parser = parse_foreign_window)]
     pub foreign_operator_window: Duration,
 }
+
+/// `--malloc-arenas` default (docs/operations.md "Sizing").
+pub const DEFAULT_MALLOC_ARENAS: u16 = 0;
 
 /// The failpoints (docs/design.md "Failpoints").
 pub const FAULT_POINTS: [&str; 7] = [

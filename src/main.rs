@@ -25,6 +25,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// `--malloc-arenas`: glibc's `M_ARENA_MAX`, unless 0 or `MALLOC_ARENA_MAX` is set (then
+/// glibc has applied that already, and the environment wins).
+fn limit_malloc_arenas(arenas: u16) {
+    if arenas == 0 || std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt(3) takes no pointer; M_ARENA_MAX only bounds arenas created later.
+        let ok = unsafe { libc::mallopt(libc::M_ARENA_MAX, i32::from(arenas)) };
+        if ok != 1 {
+            eprintln!("celld-operator run: mallopt(M_ARENA_MAX, {arenas}) failed; glibc's default is kept");
+        }
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Crds => print!("{}", api::crds_yaml()?),
@@ -40,6 +56,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!("celld-operator run: {problem}");
                 return Ok(ExitCode::from(2));
             }
+            // Before the runtime starts its threads: an arena limit applies to arenas created
+            // afterwards, so it is set while only this thread has allocated.
+            limit_malloc_arenas(args.malloc_arenas);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()?;

@@ -288,6 +288,9 @@ pub struct Startup {
     pub requests_per_fleet: f64,
     /// Reconciles from spawn to quiet, per fleet.
     pub reconciles_per_fleet: f64,
+    /// The operator's CPU seconds (user + system) from spawn to settled and quiet.
+    #[serde(serialize_with = "na")]
+    pub cpu_s: Option<f64>,
 }
 
 /// At-rest traffic over the window.
@@ -365,6 +368,10 @@ pub struct Reaction {
     /// Reconciles per completed operation.
     #[serde(serialize_with = "na")]
     pub reconciles_per_operation: Option<f64>,
+    /// The operator's CPU milliseconds (user + system) per completed operation meanwhile;
+    /// with a hot fleet its re-checks are included.
+    #[serde(serialize_with = "na")]
+    pub cpu_ms_per_operation: Option<f64>,
     /// Requests per minute meanwhile (whole operator, Lease excluded).
     pub requests_per_min: f64,
     /// Reconciles per minute meanwhile.
@@ -436,6 +443,7 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             "start-up: requests per fleet",
             Some(d.startup.requests_per_fleet),
         ),
+        ("start-up: operator CPU s", d.startup.cpu_s),
         (
             "at rest: requests/fleet/min (no Lease)",
             Some(d.at_rest.requests_per_fleet_per_min),
@@ -485,6 +493,10 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
         (
             "under load: reconciles per operation",
             d.reaction.reconciles_per_operation,
+        ),
+        (
+            "under load: operator CPU ms per operation",
+            d.reaction.cpu_ms_per_operation,
         ),
         (
             "reaction p50, ms",
@@ -1073,6 +1085,8 @@ async fn start_up(
             true,
         )
         .await?;
+    // The process is new: its CPU time so far is the start-up's.
+    let cpu_s = bed.operator().cpu_seconds().ok();
     // The gauge is set once the leader is ready; read it late so it is surely set.
     let d = quiet.since(&crate::scrape::Snapshot::default());
     let n = size.max(1) as f64;
@@ -1084,6 +1098,7 @@ async fn start_up(
         settled_quiet_s: (spawned.elapsed().saturating_sub(cfg.quiet)).as_secs_f64(),
         requests_per_fleet: d.fleet_requests() / n,
         reconciles_per_fleet: d.reconciles / n,
+        cpu_s,
     })
 }
 
@@ -1184,6 +1199,7 @@ async fn react(
             .await?
             .0
     };
+    let cpu_before = bed.operator().cpu_seconds().ok();
     let started = Instant::now();
     let samples = futures::future::join_all(active.iter().enumerate().map(|(i, f)| {
         let timelines = &timelines;
@@ -1198,6 +1214,7 @@ async fn react(
     }))
     .await;
     let seconds = started.elapsed().as_secs_f64();
+    let cpu_after = bed.operator().cpu_seconds().ok();
     let after = bed.metrics.snapshot().await?;
     drop(timelines);
     // Every fleet back at rest before the next phase (a timed-out one may still be moving).
@@ -1253,6 +1270,12 @@ async fn react(
             .then(|| d.fleet_requests() / all.operations as f64),
         reconciles_per_operation: (all.operations > 0)
             .then(|| d.reconciles / all.operations as f64),
+        cpu_ms_per_operation: match (cpu_before, cpu_after) {
+            (Some(b), Some(a)) if all.operations > 0 => {
+                Some((a - b) * 1000.0 / all.operations as f64)
+            }
+            _ => None,
+        },
         requests_per_min: d.fleet_requests() / minutes,
         reconciles_per_min: d.reconciles / minutes,
         passes_per_min: d.passes.as_ref().map(per_min),
