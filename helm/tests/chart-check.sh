@@ -36,6 +36,8 @@ reject "reconcileConcurrency" --set reconcileConcurrency=0
 reject "reconcileConcurrency" --set reconcileConcurrency=65
 reject "watchNamespacesPerConnection" --set watchNamespacesPerConnection=101
 reject "watchNamespacesPerConnection" --set-string watchNamespacesPerConnection=ten
+reject "mallocArenas" --set mallocArenas=257
+reject "mallocArenas" --set mallocArenas=-1
 reject "annotationBytes" --set journal.annotationBytes=200000
 reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
 reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
@@ -44,6 +46,7 @@ reject "metrics.port and healthPort are both 8082" --set metrics.port=8082
 accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
 accept --set watchNamespacesPerConnection=0 --set reconcileConcurrency=64
+accept --set mallocArenas=1
 accept --set memberReplacementDelay=2h
 accept --set memberReplacementDelay=1h5m
 
