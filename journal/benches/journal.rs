@@ -6,7 +6,9 @@
 //!   encode);
 //! - `mirror_append_flush`: append one entry to an on-disk sled mirror and flush;
 //! - `mirror_replay_10k`: read 10,000 entries of a fleet back from the mirror, verify their chain
-//!   and fold them.
+//!   and fold them;
+//! - `mirror_head_1000_fleets`: the newest entry of one fleet in a mirror holding 1,000 fleets
+//!   (what every reconcile asks the mirror).
 
 use std::time::{Duration, Instant};
 
@@ -226,9 +228,34 @@ fn mirror_replay(c: &mut Criterion) {
     });
 }
 
+fn mirror_head_many_fleets(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let entries = chain_of(8);
+    let fleet = |i: u32| format!("5f0c9a6e-1b2c-4d3e-8f40-{i:012}");
+    {
+        let mirror = Mirror::open(&path, MirrorOptions::default()).unwrap();
+        for i in 0..1000 {
+            mirror.append(&fleet(i), &entries).unwrap();
+        }
+    }
+    // Reopened, as after a restart: the handles come from the database, not from the appends.
+    let mirror = Mirror::open(&path, MirrorOptions::default()).unwrap();
+    let probe = fleet(777);
+    let newest = entries.last().map(Entry::seq);
+    c.bench_function("mirror_head_1000_fleets", |b| {
+        b.iter(|| {
+            let head = mirror.head(std::hint::black_box(&probe)).unwrap();
+            assert_eq!(head.map(|(seq, _)| seq), newest);
+            head
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
-    targets = decode_and_fold, append_with_compaction, mirror_append_flush, mirror_replay
+    targets = decode_and_fold, append_with_compaction, mirror_append_flush, mirror_replay,
+        mirror_head_many_fleets
 }
 criterion_main!(benches);

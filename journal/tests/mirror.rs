@@ -241,6 +241,48 @@ fn fleets_are_kept_apart() {
     ));
 }
 
+#[test]
+fn reading_an_unknown_fleet_leaves_no_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    {
+        let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+        assert_eq!(m.head("never-seen").unwrap(), None);
+        assert!(m.entries_from("never-seen", 0).unwrap().is_empty());
+        assert!(m.fleets().is_empty());
+    }
+    let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+    assert!(m.fleets().is_empty(), "a read created a tree on disk");
+}
+
+#[test]
+fn a_reopened_mirror_knows_every_fleet_it_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let names: Vec<String> = (0..40).map(|i| format!("fleet-{i:02}")).collect();
+    {
+        let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+        for (i, name) in names.iter().enumerate() {
+            // Fleet i holds i + 1 operations (4 entries each).
+            m.append(name, history(i as u64 + 1).journal.entries())
+                .unwrap();
+        }
+    }
+    let m = Mirror::open(&path, MirrorOptions::default()).unwrap();
+    assert_eq!(m.fleets(), names);
+    for (i, name) in names.iter().enumerate() {
+        let w = history(i as u64 + 1);
+        let last = w.journal.entries().last().unwrap();
+        assert_eq!(m.head(name).unwrap(), Some((last.seq(), last.hash())));
+        assert_eq!(&m.entries(name).unwrap(), w.journal.entries());
+    }
+    // A fleet first seen after the reopen is created once and then found.
+    let w = history(1);
+    m.append("late-fleet", w.journal.entries()).unwrap();
+    assert_eq!(m.fleets().len(), names.len() + 1);
+    assert_eq!(&m.entries("late-fleet").unwrap(), w.journal.entries());
+}
+
 // ---- reconcile (pure plan) ----
 
 #[test]

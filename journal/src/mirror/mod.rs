@@ -19,8 +19,10 @@
 
 pub mod plan;
 
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
 use crate::chain;
 use crate::codec::{decode_entry, DecodeError, Document};
@@ -175,6 +177,11 @@ pub struct Mirror {
     diverged: sled::Tree,
     retention: u64,
     path: Option<PathBuf>,
+    /// Open handles of the fleet trees, keyed by fleet UID: every fleet tree the database
+    /// holds (read once at open) and every one created since. Exact, because trees are never
+    /// dropped and sled's directory lock keeps other processes out. Saves `head` and
+    /// `entries_from` a scan of all tree names (O(fleets)) on every reconcile.
+    fleet_trees: Mutex<HashMap<String, sled::Tree>>,
 }
 
 fn seq_key(seq: Seq) -> [u8; 8] {
@@ -368,11 +375,22 @@ impl Mirror {
         path: Option<PathBuf>,
     ) -> Result<Mirror, MirrorError> {
         let diverged = db.open_tree(DIVERGED_TREE)?;
+        let mut fleet_trees = HashMap::new();
+        for name in db.tree_names() {
+            let Some(fleet) = std::str::from_utf8(&name)
+                .ok()
+                .and_then(|n| n.strip_prefix(FLEET_TREE_PREFIX))
+            else {
+                continue;
+            };
+            fleet_trees.insert(fleet.to_owned(), db.open_tree(&name)?);
+        }
         Ok(Mirror {
             db,
             diverged,
             retention: options.retention.max(1),
             path,
+            fleet_trees: Mutex::new(fleet_trees),
         })
     }
 
@@ -381,32 +399,35 @@ impl Mirror {
         self.path.as_deref()
     }
 
-    fn tree(&self, fleet: &str) -> Result<sled::Tree, MirrorError> {
-        validate_fleet_uid(fleet)?;
-        Ok(self.db.open_tree(format!("{FLEET_TREE_PREFIX}{fleet}"))?)
+    /// The handle cache. A panic while it was held (none of the code under the lock panics)
+    /// would leave the map itself intact, so poisoning is ignored.
+    fn fleet_trees(&self) -> MutexGuard<'_, HashMap<String, sled::Tree>> {
+        self.fleet_trees
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn has_tree(&self, fleet: &str) -> bool {
-        let name = format!("{FLEET_TREE_PREFIX}{fleet}");
-        self.db
-            .tree_names()
-            .iter()
-            .any(|n| n.as_ref() == name.as_bytes())
+    /// `fleet`'s tree, created if absent.
+    fn tree(&self, fleet: &str) -> Result<sled::Tree, MirrorError> {
+        validate_fleet_uid(fleet)?;
+        let mut trees = self.fleet_trees();
+        if let Some(tree) = trees.get(fleet) {
+            return Ok(tree.clone());
+        }
+        let tree = self.db.open_tree(format!("{FLEET_TREE_PREFIX}{fleet}"))?;
+        trees.insert(fleet.to_owned(), tree.clone());
+        Ok(tree)
+    }
+
+    /// `fleet`'s tree if it exists (never creates one: reads of an unknown fleet leave no
+    /// trace).
+    fn existing_tree(&self, fleet: &str) -> Option<sled::Tree> {
+        self.fleet_trees().get(fleet).cloned()
     }
 
     /// Fleet UIDs that have a tree, sorted.
     pub fn fleets(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .db
-            .tree_names()
-            .iter()
-            .filter_map(|n| {
-                std::str::from_utf8(n)
-                    .ok()?
-                    .strip_prefix(FLEET_TREE_PREFIX)
-                    .map(str::to_owned)
-            })
-            .collect();
+        let mut out: Vec<String> = self.fleet_trees().keys().cloned().collect();
         out.sort();
         out
     }
@@ -440,10 +461,10 @@ impl Mirror {
 
     /// The newest entry's seq and hash.
     pub fn head(&self, fleet: &str) -> Result<Option<(Seq, Hash)>, MirrorError> {
-        if !self.has_tree(fleet) {
+        let Some(tree) = self.existing_tree(fleet) else {
             return Ok(None);
-        }
-        match self.tree(fleet)?.last()? {
+        };
+        match tree.last()? {
             None => Ok(None),
             Some((k, v)) => {
                 let e = Self::decode(fleet, &k, &v)?;
@@ -459,11 +480,10 @@ impl Mirror {
 
     /// Entries of `fleet` with seq ≥ `from`, oldest first.
     pub fn entries_from(&self, fleet: &str, from: Seq) -> Result<Vec<Entry>, MirrorError> {
-        if !self.has_tree(fleet) {
+        let Some(tree) = self.existing_tree(fleet) else {
             return Ok(Vec::new());
-        }
-        self.tree(fleet)?
-            .range(seq_key(from)..)
+        };
+        tree.range(seq_key(from)..)
             .map(|kv| {
                 let (k, v) = kv?;
                 Self::decode(fleet, &k, &v)
