@@ -544,6 +544,25 @@ mod tests {
     }
 
     #[test]
+    fn malloc_arenas_default_to_glibcs_and_are_bounded() {
+        let arenas = |args: &[&str]| match parse(args).map(|c| c.command) {
+            Ok(Command::Run(run)) => Ok(run.malloc_arenas),
+            Ok(_) => panic!("expected run"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(arenas(&["run"]), Ok(0));
+        assert_eq!(arenas(&["run", "--malloc-arenas=1"]), Ok(1));
+        assert_eq!(arenas(&["run", "--malloc-arenas", "256"]), Ok(256));
+        let err = arenas(&["run", "--malloc-arenas=257"]).unwrap_err();
+        assert!(
+            err.contains("--malloc-arenas") && err.contains("0..=256"),
+            "{err}"
+        );
+        assert!(arenas(&["run", "--malloc-arenas=-1"]).is_err());
+        assert!(arenas(&["run", "--malloc-arenas=two"]).is_err());
+    }
+
+    #[test]
     fn healing_knobs_need_local_test() {
         for flag in [
             "--test-replacement-delay=5s",
