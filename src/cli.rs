@@ -176,7 +176,7 @@ pub struct RunArgs {
     pub foreign_operator_window: Duration,
 }
 
-/// `--malloc-arenas` default (docs/operations.md "Sizing").
+/// `--malloc-arenas` default (docs/operations.md "Caches, requests at rest and reaction time").
 pub const DEFAULT_MALLOC_ARENAS: u16 = 0;
 
 /// The failpoints (docs/design.md "Failpoints").
