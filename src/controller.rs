@@ -336,6 +336,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leadership: Some(leadership.clone()),
         fault: args.test_api_fault.clone(),
         skip_lease_guard: args.test_skip_lease_guard,
+        metrics: Some(metrics.clone()),
     });
     let watch_clients = if args.test_fresh_reads {
         None

@@ -62,6 +62,20 @@ pub struct CauseLabels {
     pub cause: String,
 }
 
+/// `verb`: one answered API request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// `get`, `list`, `create`, `update`, `patch`, `delete` (watches are not timed).
+    pub verb: String,
+}
+
+type VerbHistogram = Family<VerbLabels, Histogram, fn() -> Histogram>;
+
+fn request_histogram() -> Histogram {
+    // 1 ms … 8.2 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
 /// `reason`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -113,12 +127,16 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
+    /// Time from sending a request to its answer's headers, by verb (watches excluded).
+    pub api_request_seconds: VerbHistogram,
     /// Completed member replacements by reason and outcome.
     pub replacements: Family<ReplacementLabels, Counter<u64, AtomicU64>>,
     /// Members deleted with grace 0 after their node failed to confirm termination.
     pub force_deletes: Family<FleetLabels, Counter<u64, AtomicU64>>,
     /// Reconciles by the pass that decided them.
     pub passes: Family<PassLabels, Counter<u64, AtomicU64>>,
+    /// Planning reads of fresh passes answered from the pass's own earlier reads.
+    pub pass_reads_reused: Counter<u64, AtomicU64>,
     /// Cached passes that handed over to a fresh pass, by cause.
     pub escalations: Family<CauseLabels, Counter<u64, AtomicU64>>,
     /// Distinct fleets reconciled by this process.
@@ -166,9 +184,11 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             api_requests: Family::default(),
+            api_request_seconds: Family::new_with_constructor(request_histogram),
             replacements: Family::default(),
             force_deletes: Family::default(),
             passes: Family::default(),
+            pass_reads_reused: Counter::default(),
             escalations: Family::default(),
             fleets_reconciled: Gauge::default(),
             leader_ready_seconds: Gauge::default(),
@@ -291,9 +311,19 @@ impl Metrics {
             m.api_requests.clone(),
         );
         r.register(
+            "celld_operator_api_request_duration_seconds",
+            "time from sending a request to the API server to its answer's headers, by verb (watches excluded; a retried read counts each attempt)",
+            m.api_request_seconds.clone(),
+        );
+        r.register(
             "celld_operator_reconcile_passes",
             "reconciles by the pass that decided them: cached (zero requests) or fresh (read from the API server)",
             m.passes.clone(),
+        );
+        r.register(
+            "celld_operator_pass_reads_reused",
+            "planning reads of fresh passes answered from the same pass's earlier read (no write of the pass in between) instead of a request",
+            m.pass_reads_reused.clone(),
         );
         r.register(
             "celld_operator_cache_escalations",
@@ -373,6 +403,15 @@ impl Metrics {
             let _ = prometheus_client::encoding::text::encode(&mut out, &r);
         }
         out
+    }
+}
+
+impl Metrics {
+    /// Records one answered request of `verb` that took `took`.
+    pub fn api_request_duration(&self, verb: &str, took: std::time::Duration) {
+        self.api_request_seconds
+            .get_or_create(&VerbLabels { verb: verb.into() })
+            .observe(took.as_secs_f64());
     }
 }
 

@@ -255,6 +255,9 @@ pub struct TransportOptions {
     /// Test clusters only: leave the Lease guard out, so a drill can show that a write sent
     /// by a deposed leader is refused by the API server (the fence), not only by the guard.
     pub skip_lease_guard: bool,
+    /// Where each answered request's time is recorded
+    /// (`celld_operator_api_request_duration_seconds`; none: CLI commands, tests).
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 /// The layer (see the module documentation).
@@ -466,12 +469,17 @@ where
             drop(inner);
             fut.await
         };
+        let started = std::time::Instant::now();
         let resp = match limit {
             Some(limit) => tokio::time::timeout(limit, sent)
                 .await
                 .map_err(|_| timed_out(limit))??,
             None => sent.await?,
         };
+        // A watch's answer is its stream's start, not a request's time.
+        if let (Some(m), true) = (&self.opts.metrics, limit.is_some()) {
+            m.api_request_duration(info.verb, started.elapsed());
+        }
         if fault == Some(FaultKind::LostResponse) {
             return Err(io_error(
                 std::io::ErrorKind::TimedOut,

@@ -382,6 +382,17 @@ pub struct Reaction {
     /// Cache escalations meanwhile, by cause.
     #[serde(serialize_with = "na")]
     pub escalations: Option<BTreeMap<String, f64>>,
+    /// Mean time of one reconcile meanwhile (ms): how long it held a slot.
+    #[serde(serialize_with = "na")]
+    pub reconcile_ms_mean: Option<f64>,
+    /// Reconciles running at once on average meanwhile (seconds in reconciles ÷ wall
+    /// seconds; at `--reconcile-concurrency` every slot was busy all the time).
+    pub slots_busy: f64,
+    /// Mean answer time of the operator's requests meanwhile, by verb (ms; empty when the
+    /// binary does not time them).
+    pub request_ms_by_verb: BTreeMap<String, f64>,
+    /// Requests per completed operation by `verb resource` (Lease excluded).
+    pub per_operation_by_request: BTreeMap<String, f64>,
 }
 
 /// The reaction with one hot fleet present.
@@ -1280,6 +1291,21 @@ async fn react(
         reconciles_per_min: d.reconciles / minutes,
         passes_per_min: d.passes.as_ref().map(per_min),
         escalations: d.escalations.clone(),
+        reconcile_ms_mean: (d.reconciles > 0.0)
+            .then(|| d.reconcile_seconds * 1000.0 / d.reconciles),
+        slots_busy: if d.seconds > 0.0 {
+            d.reconcile_seconds / d.seconds
+        } else {
+            0.0
+        },
+        request_ms_by_verb: d.request_ms_by_verb(),
+        per_operation_by_request: d
+            .requests
+            .iter()
+            .filter(|((_, r), _)| !crate::scrape::BACKGROUND_RESOURCES.contains(&r.as_str()))
+            .filter(|_| all.operations > 0)
+            .map(|((v, r), n)| (format!("{v} {r}"), n / all.operations as f64))
+            .collect(),
     })
 }
 

@@ -30,6 +30,8 @@ pub struct Snapshot {
     pub requests: Requests,
     /// `celld_operator_reconcile_duration_seconds_count`.
     pub reconciles: f64,
+    /// `celld_operator_reconcile_duration_seconds_sum`.
+    pub reconcile_seconds: f64,
     /// `celld_operator_reconcile_errors_total` by reason.
     pub errors: BTreeMap<String, f64>,
     /// `celld_journal_appends_total` by entry type, summed over fleets.
@@ -39,6 +41,11 @@ pub struct Snapshot {
     pub passes: Option<BTreeMap<String, f64>>,
     /// `celld_operator_cache_escalations_total` by `cause`; `None` when not exported.
     pub escalations: Option<BTreeMap<String, f64>>,
+    /// `celld_operator_api_request_duration_seconds` by verb: `_sum` and `_count` (empty
+    /// when the binary does not export it).
+    pub request_seconds: BTreeMap<String, f64>,
+    /// The same histogram's `_count` by verb.
+    pub requests_timed: BTreeMap<String, f64>,
     /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
     pub fleets_reconciled: Option<f64>,
     /// `celld_operator_leader_ready_seconds` (gauge, set once); `None` when not exported or
@@ -71,6 +78,9 @@ impl Snapshot {
             },
             requests: sub(&self.requests, &before.requests),
             reconciles: self.reconciles - before.reconciles,
+            reconcile_seconds: self.reconcile_seconds - before.reconcile_seconds,
+            request_seconds: sub(&self.request_seconds, &before.request_seconds),
+            requests_timed: sub(&self.requests_timed, &before.requests_timed),
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
             passes: self.passes.as_ref().map(|a| {
@@ -107,6 +117,12 @@ pub struct Delta {
     pub requests: Requests,
     /// Reconciles run.
     pub reconciles: f64,
+    /// Seconds spent in reconciles (summed over the concurrent ones).
+    pub reconcile_seconds: f64,
+    /// Seconds the timed requests took, by verb.
+    pub request_seconds: BTreeMap<String, f64>,
+    /// Timed requests, by verb.
+    pub requests_timed: BTreeMap<String, f64>,
     /// Failed reconciles by reason.
     pub errors: BTreeMap<String, f64>,
     /// Journal entries appended by type.
@@ -153,11 +169,27 @@ impl Delta {
                 .map(|(k, v)| (k.clone(), v / n))
                 .collect(),
             reconciles: self.reconciles / n,
+            reconcile_seconds: self.reconcile_seconds / n,
+            request_seconds: div(&self.request_seconds),
+            requests_timed: div(&self.requests_timed),
             errors: div(&self.errors),
             appends: div(&self.appends),
             passes: self.passes.as_ref().map(div),
             escalations: self.escalations.as_ref().map(div),
         }
+    }
+
+    /// Mean answer time of a request by verb, in ms (verbs with no timed request are left
+    /// out; empty when the binary does not time requests).
+    pub fn request_ms_by_verb(&self) -> BTreeMap<String, f64> {
+        self.requests_timed
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(verb, n)| {
+                let secs = self.request_seconds.get(verb).copied().unwrap_or(0.0);
+                (verb.clone(), secs * 1000.0 / n)
+            })
+            .collect()
     }
 
     /// Requests to the leader Lease (the leader-election loop).
@@ -317,6 +349,13 @@ pub fn parse(text: &str) -> Snapshot {
                     .or_default() += value;
             }
             "celld_operator_reconcile_duration_seconds_count" => s.reconciles += value,
+            "celld_operator_reconcile_duration_seconds_sum" => s.reconcile_seconds += value,
+            "celld_operator_api_request_duration_seconds_sum" => {
+                *s.request_seconds.entry(label("verb")).or_default() += value;
+            }
+            "celld_operator_api_request_duration_seconds_count" => {
+                *s.requests_timed.entry(label("verb")).or_default() += value;
+            }
             "celld_operator_reconcile_errors_total" => {
                 *s.errors.entry(label("reason")).or_default() += value;
             }
