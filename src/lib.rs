@@ -13,6 +13,7 @@ pub mod leader;
 pub mod member;
 pub mod metrics;
 pub mod pass;
+pub mod pass_reads;
 pub mod reconcile;
 pub mod render;
 pub mod repair;

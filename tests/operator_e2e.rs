@@ -1279,6 +1279,65 @@ async fn without_the_network_policy_attestation_nothing_is_provisioned() {
     cleanup(&client, ns).await;
 }
 
+/// Owned prerequisites that a person changes or deletes are put back (docs/design.md "Reads
+/// of a fresh pass"): a pass that finds them in the namespace's store as rendered sends no
+/// request for them, so this proves that one that finds them changed or missing still
+/// decides from a fresh read and writes: the NetworkPolicy's rules are restored, the deleted
+/// PDB is created again.
+#[tokio::test]
+async fn owned_prerequisites_changed_or_deleted_by_hand_are_restored() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let _guard = isolated().await;
+    let (_c, client, ns) = setup("prq").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let bucket = unique_bucket("prq");
+    let _op = Operator::start(None);
+    create_ready(&api, &fleet("rho", "PersistentFleet", 3, &bucket), 3).await;
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns.name);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns.name);
+    let rendered = policies.get("rho").await.unwrap();
+    let rendered_ingress = rendered.spec.as_ref().and_then(|s| s.ingress.clone());
+    assert!(
+        rendered_ingress.as_ref().is_some_and(|i| !i.is_empty()),
+        "the rendered NetworkPolicy has ingress rules: {rendered_ingress:?}"
+    );
+    let old_budget = budgets.get("rho").await.unwrap().uid();
+    policies
+        .patch(
+            "rho",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ingress": []}})),
+        )
+        .await
+        .unwrap();
+    budgets.delete("rho", &Default::default()).await.unwrap();
+    until(
+        "the NetworkPolicy's rules restored",
+        60,
+        &api,
+        "rho",
+        || async {
+            let live = policies.get("rho").await.ok()?;
+            (live.spec.as_ref().and_then(|s| s.ingress.clone()) == rendered_ingress).then_some(())
+        },
+    )
+    .await;
+    until(
+        "the PodDisruptionBudget created again",
+        60,
+        &api,
+        "rho",
+        || async {
+            let live = budgets.get_opt("rho").await.ok()??;
+            (live.uid() != old_budget && live.metadata.deletion_timestamp.is_none()).then_some(())
+        },
+    )
+    .await;
+    ready(&api, "rho", 3).await;
+    cleanup(&client, ns).await;
+}
+
 /// An operation that cannot finish turns Stalled at its deadline (condition, Warning Event,
 /// gauge) and is still driven; `journal abandon` frees the fleet, and the next plan starts from
 /// observation (docs/design.md "Deadlines, Stalled and abandon"). The deadline is shortened

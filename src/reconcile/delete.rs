@@ -18,7 +18,7 @@ use serde_json::json;
 use super::drive::open_op;
 use super::workload;
 use super::{owned, Error, KubeContext, Report, Run};
-use crate::api::keys::LIFECYCLE_FINALIZER;
+use crate::api::keys::{FLEET_UID_LABEL, LIFECYCLE_FINALIZER};
 use crate::failpoint;
 use crate::render::{peers_service_name, uses_statefulset};
 
@@ -178,7 +178,9 @@ pub async fn drive(run: &mut Run<'_>) -> Result<Report, Error> {
     let claims = if keep_claims {
         Vec::new()
     } else {
-        run.claims().await?
+        // Each delete carries the claim's UID and resourceVersion: read them now.
+        run.relist_by::<PersistentVolumeClaim>(FLEET_UID_LABEL)
+            .await?
     };
     for claim in &claims {
         let name = claim.name_any();

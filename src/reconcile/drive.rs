@@ -497,7 +497,7 @@ pub(crate) async fn fence_workload(
     step: Step,
 ) -> Result<Fence, Error> {
     let own = Effect::new(id, step).to_string();
-    let Some(mut live) = run.workload().await? else {
+    let Some(mut live) = run.reread_workload().await? else {
         return Ok(Fence::Fenced);
     };
     if live.marker() == Some(own.as_str()) {
@@ -858,7 +858,7 @@ async fn new_members_claims_ok(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), 
     }
     for i in op.intent.from.max(0)..op.intent.to {
         let name = claim_name(&run.name, i);
-        let Some(claim) = run.claim_at(i).await? else {
+        let Some(claim) = run.reread_claim_at(i).await? else {
             continue;
         };
         if claim.labels().get(FLEET_UID_LABEL).map(String::as_str) != Some(run.uid.as_str()) {

@@ -205,6 +205,9 @@ pub(crate) struct Run<'a> {
     pub client: Client,
     /// The namespace's watch-fed stores in a cached pass; `None` in a fresh pass.
     pub cache: Option<crate::watches::NsCache>,
+    /// In a fresh pass, the same stores (when ready; not with `--test-fresh-reads`), for the
+    /// checks that find nothing to write ([`Run::stored`]).
+    pub stores: Option<crate::watches::NsCache>,
     pub api: Api<CelldFleet>,
     pub fleet: CelldFleet,
     pub journal: Journal,
@@ -217,6 +220,9 @@ pub(crate) struct Run<'a> {
     pub journal_unusable: bool,
     /// Look again after exactly this long (a member's `/state` is polled every second).
     pub requeue: Option<Duration>,
+    /// A fresh pass's planning reads, each sent once between two of its writes
+    /// (`crate::pass_reads`); `None` in a cached pass and with `--test-fresh-reads`.
+    pub reads: Option<std::sync::Arc<crate::pass_reads::PassReads>>,
 }
 
 impl Run<'_> {
@@ -255,7 +261,55 @@ impl Run<'_> {
     /// `<ns>/<name>` of kind `K`: from the cache in a cached pass when it holds it (a miss
     /// may be a foreign, unlabelled object, so it is asked of the API server, which a
     /// cached pass refuses), else a fresh GET.
+    ///
+    /// In a fresh pass this is a planning read: answered from the pass's own reads since its
+    /// last write when it has one (by name, or as a member of this fleet's labelled list of
+    /// the kind), else read and kept ([`crate::pass_reads`]). A write's own target is read
+    /// with [`Run::reread`] instead.
     pub async fn get_opt<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
+        if let Some(cache) = &self.cache {
+            if let Some(obj) = K::store(cache).get(name) {
+                return Ok(Some(obj));
+            }
+        }
+        let key = format!("{}/{name}", K::kind(&()));
+        if let Some(reads) = &self.reads {
+            if let Some(kept) = reads.get::<Option<K>>(&key) {
+                return Ok(kept);
+            }
+            let list = list_key::<K>(FLEET_UID_LABEL, &self.uid);
+            if let Some(Some(found)) = reads.find_in::<K>(&list, |o| o.name_any() == name) {
+                return Ok(Some(found));
+            }
+        }
+        let found = self.reread::<K>(name).await?;
+        if let Some(reads) = &self.reads {
+            reads.put(key, found.clone());
+        }
+        Ok(found)
+    }
+
+    /// `<ns>/<name>` of kind `K` as the namespace's watch-fed store holds it, in a fresh pass
+    /// (`None`: not held, a cached pass, or no stores). Only for a check that, when it finds
+    /// the object as it wants it, has nothing to write; anything it would write or block on is
+    /// decided from [`Run::reread`] (docs/design.md "Reads of a fresh pass").
+    pub fn stored<K: crate::watches::Cached>(&self, name: &str) -> Option<K> {
+        K::store(self.stores.as_ref()?).get(name)
+    }
+
+    /// Reservation `name` as the cluster-wide store holds it, in a fresh pass ([`Run::stored`]).
+    pub fn stored_reservation(&self, name: &str) -> Option<crate::api::CelldStorageReservation> {
+        self.stores
+            .as_ref()?
+            .reservations
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .map(|r| (*r).clone())
+    }
+
+    /// `<ns>/<name>` of kind `K` as the API server holds it now: the guarded write's re-read
+    /// of its own target, never answered from the pass's earlier reads (in a cached pass,
+    /// from the cache when it holds it, as [`Run::get_opt`]: a cached pass writes nothing).
+    pub async fn reread<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
         if let Some(cache) = &self.cache {
             if let Some(obj) = K::store(cache).get(name) {
                 return Ok(Some(obj));
@@ -335,7 +389,22 @@ impl Run<'_> {
     /// is this fleet's UID: from the cache in a cached pass (which holds objects with the
     /// fleet label: every member Pod carries it from its template; an unreadable cached entry
     /// makes it ask the API server, which a cached pass refuses), else a fresh list.
+    /// In a fresh pass a planning read, kept until the pass's next write ([`Run::get_opt`]).
     pub async fn labelled_by<K: crate::watches::Cached>(&self, key: &str) -> Result<Vec<K>, Error> {
+        let memo = list_key::<K>(key, &self.uid);
+        if let Some(kept) = self.reads.as_ref().and_then(|r| r.get::<Vec<K>>(&memo)) {
+            return Ok(kept);
+        }
+        let found = self.relist_by::<K>(key).await?;
+        if let Some(reads) = &self.reads {
+            reads.put(memo, found.clone());
+        }
+        Ok(found)
+    }
+
+    /// [`Run::labelled_by`] as the API server holds it now (never from the pass's earlier
+    /// reads): the re-read of a write's own targets.
+    pub async fn relist_by<K: crate::watches::Cached>(&self, key: &str) -> Result<Vec<K>, Error> {
         if let Some(cache) = &self.cache {
             if let Some(found) = K::store(cache).labelled(key, &self.uid) {
                 return Ok(found);
@@ -582,16 +651,33 @@ impl Run<'_> {
         }
     }
 
-    /// The fleet's workload, of the kind the spec uses ([`Run::get_opt`]).
+    /// The fleet's workload, of the kind the spec uses ([`Run::get_opt`]: a planning read).
     pub async fn workload(&self) -> Result<Option<workload::LiveWorkload>, Error> {
+        self.workload_with(false).await
+    }
+
+    /// The fleet's workload as the API server holds it now ([`Run::reread`]): for a write
+    /// to it.
+    pub async fn reread_workload(&self) -> Result<Option<workload::LiveWorkload>, Error> {
+        self.workload_with(true).await
+    }
+
+    async fn workload_with(&self, reread: bool) -> Result<Option<workload::LiveWorkload>, Error> {
+        use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
         Ok(if crate::render::uses_statefulset(&self.fleet.spec) {
-            self.get_opt::<k8s_openapi::api::apps::v1::StatefulSet>(&self.name)
-                .await?
-                .map(|s| workload::LiveWorkload::StatefulSet(Box::new(s)))
+            let live = if reread {
+                self.reread::<StatefulSet>(&self.name).await?
+            } else {
+                self.get_opt::<StatefulSet>(&self.name).await?
+            };
+            live.map(|s| workload::LiveWorkload::StatefulSet(Box::new(s)))
         } else {
-            self.get_opt::<k8s_openapi::api::apps::v1::Deployment>(&self.name)
-                .await?
-                .map(|d| workload::LiveWorkload::Deployment(Box::new(d)))
+            let live = if reread {
+                self.reread::<Deployment>(&self.name).await?
+            } else {
+                self.get_opt::<Deployment>(&self.name).await?
+            };
+            live.map(|d| workload::LiveWorkload::Deployment(Box::new(d)))
         })
     }
 
@@ -602,15 +688,24 @@ impl Run<'_> {
             .await
     }
 
+    /// The claim at member `ordinal`'s name as the API server holds it now ([`Run::reread`]).
+    pub async fn reread_claim_at(
+        &self,
+        ordinal: i32,
+    ) -> Result<Option<PersistentVolumeClaim>, Error> {
+        self.reread(&crate::render::claim_name(&self.name, ordinal))
+            .await
+    }
+
     /// Pods with the fleet label ([`Run::labelled`]).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
         self.labelled().await
     }
+}
 
-    /// Claims with the fleet label ([`Run::labelled`]).
-    pub async fn claims(&self) -> Result<Vec<PersistentVolumeClaim>, Error> {
-        self.labelled().await
-    }
+/// The key of a labelled list in a pass's reads.
+fn list_key<K: crate::watches::Cached>(label: &str, uid: &str) -> String {
+    format!("{}?{label}={uid}", K::kind(&()))
 }
 
 /// Owned (docs/design.md "Terms"): the fleet label with this fleet's UID and no owner references.
@@ -671,6 +766,8 @@ pub async fn reconcile(
             client: crate::pass::refusing_client(esc.clone()),
             cache: Some(cache),
             fleet: Some(fleet.clone()),
+            reads: None,
+            stores: None,
         };
         let result = crate::pass::scope(esc.clone(), reconcile_pass(ns, name, ctx, pass)).await;
         match esc.cause() {
@@ -684,12 +781,28 @@ pub async fn reconcile(
     } else if cached.is_some() && ctx.watches.is_some() && !ctx.fresh_reads {
         ctx.metrics.escalated("caches not ready");
     }
+    // The design before the caches (`--test-fresh-reads`) reads every time, as it did.
+    let reads =
+        (!ctx.fresh_reads).then(|| std::sync::Arc::new(crate::pass_reads::PassReads::default()));
     let pass = Pass {
-        client: ctx.client.clone(),
+        client: match &reads {
+            Some(r) => crate::pass_reads::observing_client(ctx.client.clone(), r.clone()),
+            None => ctx.client.clone(),
+        },
         cache: None,
         fleet: None,
+        reads: reads.clone(),
+        stores: match &ctx.watches {
+            Some(w) if !ctx.fresh_reads => w.cache(ns),
+            _ => None,
+        },
     };
-    (reconcile_pass(ns, name, ctx, pass).await, PassKind::Fresh)
+    let result = reconcile_pass(ns, name, ctx, pass).await;
+    if let Some(r) = &reads {
+        ctx.metrics.pass_reads_reused.inc_by(r.reused());
+        tracing::debug!(fleet = %format!("{ns}/{name}"), reused = r.reused(), forgotten = r.forgotten(), "fresh pass done");
+    }
+    (result, PassKind::Fresh)
 }
 
 /// What one pass reads with.
@@ -698,6 +811,10 @@ struct Pass {
     cache: Option<crate::watches::NsCache>,
     /// The fleet as cached (a cached pass); `None`: read fresh.
     fleet: Option<CelldFleet>,
+    /// A fresh pass's planning reads (`crate::pass_reads`).
+    reads: Option<std::sync::Arc<crate::pass_reads::PassReads>>,
+    /// A fresh pass's view of the namespace's stores ([`Run::stores`]).
+    stores: Option<crate::watches::NsCache>,
 }
 
 async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<Next, Error> {
@@ -749,6 +866,8 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         uid,
         journal_unusable: unusable.is_some(),
         requeue: None,
+        reads: pass.reads,
+        stores: pass.stores,
     };
     if !run.journal_unusable {
         run.ensure_mirrored().await?;

@@ -154,6 +154,13 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         )]
         .into(),
     );
+    // Found in the store as this fleet's, with the status recording it: nothing to write,
+    // no request (the same check on a fresh read follows otherwise).
+    if let Some(stored) = run.stored_reservation(&name) {
+        if reservation_matches(run, &stored) && status_records(run, &name) {
+            return Ok(None);
+        }
+    }
     // Read first: at rest the reservation exists and a create would only be refused
     // (one failed write per reconcile). When absent, the create still arbitrates between
     // fleets, namespaces and operator replicas; losing it means a fresh read and compare.
@@ -168,6 +175,40 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             Err(e) => return Err(e).ctx(|| format!("creating reservation {name}")),
         },
     };
+    if !reservation_matches(run, &existing) {
+        return Ok(Some(Report::blocked(
+            &reasons::STORAGE_SCOPE_CONFLICT,
+            format!(
+                "Reservation {name} binds bucket {bucket} to a different fleet or configuration; this fleet creates and \
+                 adopts nothing"
+            ),
+        )));
+    }
+    if !status_records(run, &name) {
+        // Carries the fleet's resourceVersion like every other write (a conflict just means
+        // the next reconcile records it).
+        let patch = json!({"metadata": {"resourceVersion": run.fleet.resource_version()}, "status": {"reservation": name}});
+        run.fleet = run
+            .api
+            .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .ctx(|| "recording status.reservation".into())?;
+    }
+    Ok(None)
+}
+
+/// Whether the fleet's status names reservation `name`.
+fn status_records(run: &Run<'_>, name: &str) -> bool {
+    run.fleet
+        .status
+        .as_ref()
+        .and_then(|s| s.reservation.as_deref())
+        == Some(name)
+}
+
+/// Whether `existing` binds the fleet's bucket to this fleet, as rendered.
+fn reservation_matches(run: &Run<'_>, existing: &CelldStorageReservation) -> bool {
+    let bucket = &run.fleet.spec.storage.bucket;
     let have = &existing.spec;
     // The hash covers `initialReplicas` as recorded at creation, not today's replicas.
     let hash_matches = match (
@@ -181,7 +222,7 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         // immutability rule fixes the hashed fields.
         _ => true,
     };
-    let matches = have.bucket == bucket
+    have.bucket == *bucket
         && have.fleet_namespace == run.ns
         && have.fleet_name == run.name
         && have.fleet_uid == run.uid
@@ -191,33 +232,7 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         && have.owner_kind.is_none()
         && have.prefix.is_none()
         && have.endpoint.is_none()
-        && have.initialization.is_none();
-    if !matches {
-        return Ok(Some(Report::blocked(
-            &reasons::STORAGE_SCOPE_CONFLICT,
-            format!(
-                "Reservation {name} binds bucket {bucket} to a different fleet or configuration; this fleet creates and \
-                 adopts nothing"
-            ),
-        )));
-    }
-    if run
-        .fleet
-        .status
-        .as_ref()
-        .and_then(|s| s.reservation.as_deref())
-        != Some(name.as_str())
-    {
-        // Carries the fleet's resourceVersion like every other write (a conflict just means
-        // the next reconcile records it).
-        let patch = json!({"metadata": {"resourceVersion": run.fleet.resource_version()}, "status": {"reservation": name}});
-        run.fleet = run
-            .api
-            .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .ctx(|| "recording status.reservation".into())?;
-    }
-    Ok(None)
+        && have.initialization.is_none()
 }
 
 /// Creates a missing object; an existing one must be owned. `repair` replaces a
@@ -234,7 +249,20 @@ where
 {
     let api: Api<K> = Api::namespaced(run.client.clone(), &run.ns);
     let name = want.meta().name.clone().unwrap_or_default();
-    let Some(live) = run.get_opt::<K>(&name).await? else {
+    let want_spec = serde_json::to_value(&want).unwrap_or_default()["spec"].clone();
+    // Found in the namespace's store owned and as rendered: nothing to write, no request
+    // (a store that lags only delays a repair until its event). Whatever this step creates,
+    // repairs or blocks on is decided from the fresh read below.
+    if let Some(stored) = run.stored::<K>(&name) {
+        let stored_spec = serde_json::to_value(&stored).unwrap_or_default()["spec"].clone();
+        if owned(&stored, &run.uid)
+            && stored.meta().deletion_timestamp.is_none()
+            && rendered_matches(&want_spec, &stored_spec)
+        {
+            return Ok(None);
+        }
+    }
+    let Some(live) = run.reread::<K>(&name).await? else {
         match api.create(&PostParams::default(), &want).await {
             Ok(_) => return Ok(None),
             // Someone created it meanwhile: the next reconcile checks ownership.
@@ -248,7 +276,6 @@ where
             format!("{kind} {name} exists but is not owned by this fleet (no fleet-uid label {}); it is neither adopted nor changed", run.uid),
         )));
     }
-    let want_spec = serde_json::to_value(&want).unwrap_or_default()["spec"].clone();
     let live_spec = serde_json::to_value(&live).unwrap_or_default()["spec"].clone();
     if rendered_matches(&want_spec, &live_spec) {
         return Ok(None);

@@ -842,7 +842,7 @@ async fn destroy(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     let intent = o.intent().clone();
     let step = destructive_step(&intent);
     let marker = Effect::new(o.id(), step.clone()).to_string();
-    let Some(mut live) = run.workload().await? else {
+    let Some(mut live) = run.reread_workload().await? else {
         return refuse(run, o, "the workload is gone".into()).await;
     };
     if live.marker() == Some(marker.as_str()) {
@@ -1056,7 +1056,7 @@ async fn resume(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     let intent = o.intent().clone();
     let marker = Effect::new(o.id(), Step::Resume).to_string();
     let stop = Effect::new(o.id(), Step::Stop).to_string();
-    let Some(mut live) = run.workload().await? else {
+    let Some(mut live) = run.reread_workload().await? else {
         return refuse(run, o, "the workload is gone".into()).await;
     };
     if live.marker() == Some(marker.as_str()) {

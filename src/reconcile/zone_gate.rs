@@ -10,6 +10,7 @@ use kube::api::{Api, PostParams};
 use kube::ResourceExt;
 
 use super::{Error, Report, Run};
+use crate::api::keys::FLEET_UID_LABEL;
 use crate::api::{BucketWorkload, PlacementMode, Profile};
 use crate::render::pod::BUCKET_ZONE_GATE;
 
@@ -29,7 +30,8 @@ pub async fn release(run: &Run<'_>) -> Result<Option<Report>, Error> {
         None => return Ok(None),
     };
     let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
-    for mut pod in run.pods().await? {
+    // Each released gate is an update carrying the Pod's resourceVersion: read them now.
+    for mut pod in run.relist_by::<Pod>(FLEET_UID_LABEL).await? {
         let name = pod.name_any();
         let controlled = pod.owner_references().iter().any(|o| {
             o.controller == Some(true)
