@@ -7,8 +7,10 @@
 //! burst of operations that held each reconcile slot for 0.3–0.5 s. Now each planning read
 //! (`Run::workload`, `Run::pods`, `Run::claim_at`, …) is sent **once per pass between two
 //! writes**: the answer is kept in this record and handed out again, and **every write the
-//! pass sends forgets all of it** (the pass's client tells it, [`observing_client`]), so a
-//! read that follows a write of the pass goes to the API server again.
+//! pass sends forgets all of it** (the pass's client tells it, [`observing_client`]), and so
+//! does every effect boundary (`Run::before_effect`, and after member requests, which the
+//! client does not see), so a read that follows a write or an effect of the pass goes to the
+//! API server again.
 //!
 //! What this does not change:
 //! - every answer handed out is a fresh read of this pass, never a cached (watch) copy;

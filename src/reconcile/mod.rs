@@ -227,13 +227,24 @@ pub(crate) struct Run<'a> {
 
 impl Run<'_> {
     /// The boundary just before an effect: lease check, then the `before-effect` failpoint.
+    /// The pass's kept reads are forgotten (an effect may be a member request, which the
+    /// pass's client does not see).
     pub fn before_effect(&self) {
         if let Some(esc) = crate::pass::cached() {
             esc.escalate(|| "an effect".into());
             return;
         }
+        self.forget_reads();
         self.ctx.check_lease();
         crate::failpoint::reach("before-effect");
+    }
+
+    /// Forgets the fresh pass's kept reads ([`crate::pass_reads`]): what the pass reads next
+    /// goes to the API server.
+    pub fn forget_reads(&self) {
+        if let Some(r) = &self.reads {
+            r.forget_all();
+        }
     }
 
     /// A cached pass (reads from the stores, sends nothing).

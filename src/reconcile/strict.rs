@@ -711,6 +711,8 @@ async fn ask(
     .buffered(IN_FLIGHT)
     .collect()
     .await;
+    // The members answered: what the pass reads next is read again.
+    run.forget_reads();
     for (t, new, posted) in answers {
         failpoint::reach("after-effect");
         let m = t.pod.clone();
