@@ -1161,3 +1161,163 @@ pub const LATER: Duration = Duration::from_secs(600);
 
 /// Re-check interval of a blocked fleet.
 pub const BLOCKED: Duration = Duration::from_secs(30);
+
+#[cfg(test)]
+mod pass_reads_tests {
+    //! A fresh pass's reads through `Run` against a mock API server that pins every request:
+    //! planning reads are sent once between writes, re-reads always, a write empties the
+    //! record (docs/design.md "Reads of a fresh pass").
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use std::sync::Arc;
+    use tower_test::mock;
+
+    fn ctx(client: Client) -> Ctx {
+        Ctx {
+            client,
+            render: RenderSettings::default(),
+            network_policy_enforced: true,
+            operation_deadline: None,
+            budget: Budget::default(),
+            mirror: None,
+            leader: Leader {
+                identity: "test".into(),
+                lease_transitions: 0,
+                lease: None,
+            },
+            leadership: None,
+            recorder: None,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
+            seen: Default::default(),
+            gates_verified: Default::default(),
+            error_streaks: Default::default(),
+            restart_baseline: Default::default(),
+            watches: None,
+            replan_backoff: Default::default(),
+            foreign_window: Duration::from_secs(60),
+            healing: heal::Timings::default(),
+            announced: Default::default(),
+            foreign_reported: Default::default(),
+            fresh_reads: false,
+            reconciled: Default::default(),
+        }
+    }
+
+    fn fleet() -> CelldFleet {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+            "metadata": {"name": "f", "namespace": "ns", "uid": "u-1", "resourceVersion": "1"},
+            "spec": {"profile": "PersistentFleet", "runtimeImage": "img@sha256:1", "replicas": 2,
+                     "serviceAccountName": "celld",
+                     "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
+                     "storage": {"bucket": "b", "region": "us-east-1", "sizeGiB": 1}}
+        }))
+        .unwrap()
+    }
+
+    fn answer(body: serde_json::Value) -> Response<Body> {
+        Response::new(Body::from(body.to_string().into_bytes()))
+    }
+
+    fn sts(rv: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "f", "namespace": "ns", "resourceVersion": rv}})
+    }
+
+    fn pod(name: &str) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "labels": {FLEET_UID_LABEL: "u-1"}}})
+    }
+
+    #[tokio::test]
+    async fn planning_reads_are_sent_once_between_writes_and_rereads_always() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let reads = Arc::new(crate::pass_reads::PassReads::default());
+        let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
+        let ctx = ctx(inner);
+        let run = Run {
+            ctx: &ctx,
+            client: client.clone(),
+            cache: None,
+            api: Api::namespaced(client, "ns"),
+            fleet: fleet(),
+            journal: Journal::new("u-1"),
+            now: Utc::now(),
+            ns: "ns".into(),
+            name: "f".into(),
+            uid: "u-1".into(),
+            journal_unusable: false,
+            requeue: None,
+            reads: Some(reads.clone()),
+            stores: None,
+        };
+        // The API server's side: every request the pass sends, in order.
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for answer_with in [
+                answer(sts("10")),
+                answer(serde_json::json!({"apiVersion": "v1", "kind": "PodList",
+                    "metadata": {"resourceVersion": "5"}, "items": [pod("f-0"), pod("f-1")]})),
+                answer(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "f-9", "namespace": "ns"}})),
+                answer(sts("11")),
+                answer(sts("12")),
+                answer(sts("13")),
+                answer(sts("13")),
+            ] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer_with);
+            }
+            seen
+        });
+        let rv =
+            |w: Option<workload::LiveWorkload>| w.and_then(|w| w.meta().resource_version.clone());
+        // Planning reads: the workload once, the Pods list once; a member by name from the
+        // list; a name the list lacks (maybe foreign) from the API server.
+        assert_eq!(rv(run.workload().await.unwrap()).as_deref(), Some("10"));
+        assert_eq!(rv(run.workload().await.unwrap()).as_deref(), Some("10"));
+        assert_eq!(run.pods().await.unwrap().len(), 2);
+        assert_eq!(run.pods().await.unwrap().len(), 2);
+        let member = run.get_opt::<Pod>("f-1").await.unwrap().unwrap();
+        assert_eq!(member.metadata.name.as_deref(), Some("f-1"));
+        assert!(run.get_opt::<Pod>("f-9").await.unwrap().is_some());
+        // The guarded write's re-read goes out although the record holds the workload.
+        assert_eq!(
+            rv(run.reread_workload().await.unwrap()).as_deref(),
+            Some("11")
+        );
+        assert_eq!(
+            rv(run.workload().await.unwrap()).as_deref(),
+            Some("10"),
+            "the record is unchanged by a re-read"
+        );
+        // A write of the pass (here: the workload's replace) empties the record.
+        let mut w = run.reread_workload().await.unwrap().unwrap();
+        w.set_replicas(3);
+        workload::replace(&run.client, "ns", &w).await.unwrap();
+        assert_eq!(rv(run.workload().await.unwrap()).as_deref(), Some("13"));
+        // Every client gone: a server still waiting for a request fails instead of hanging.
+        drop(run);
+        drop(ctx);
+        let seen = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .expect("every request the pass was expected to send was sent");
+        assert_eq!(
+            seen,
+            [
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "GET /api/v1/namespaces/ns/pods",
+                "GET /api/v1/namespaces/ns/pods/f-9",
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "PUT /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+            ]
+        );
+        assert!(reads.reused() >= 4, "reused {}", reads.reused());
+    }
+}
