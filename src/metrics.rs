@@ -160,6 +160,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Records one answered request of `verb` that took `took`.
+    pub fn api_request_duration(&self, verb: &str, took: std::time::Duration) {
+        self.api_request_seconds
+            .get_or_create(&VerbLabels { verb: verb.into() })
+            .observe(took.as_secs_f64());
+    }
+
     /// Registers every metric.
     pub fn new() -> Self {
         let mut r = Registry::default();
@@ -403,15 +410,6 @@ impl Metrics {
             let _ = prometheus_client::encoding::text::encode(&mut out, &r);
         }
         out
-    }
-}
-
-impl Metrics {
-    /// Records one answered request of `verb` that took `took`.
-    pub fn api_request_duration(&self, verb: &str, took: std::time::Duration) {
-        self.api_request_seconds
-            .get_or_create(&VerbLabels { verb: verb.into() })
-            .observe(took.as_secs_f64());
     }
 }
 

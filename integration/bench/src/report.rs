@@ -464,27 +464,17 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
         opt_map(&r.passes_per_min),
         opt_map(&r.escalations)
     );
-    let verbs: Vec<String> = r
-        .request_ms_by_verb
-        .iter()
-        .map(|(verb, ms)| format!("{verb} {ms:.1}"))
-        .collect();
     let _ = writeln!(
         o,
         "{pad}  meanwhile: a reconcile held a slot {} ms on average, {:.1} reconciles at once; mean request ms by verb: {}",
         opt(r.reconcile_ms_mean),
         r.slots_busy,
-        if verbs.is_empty() { "n/a".to_string() } else { verbs.join(", ") }
+        breakdown(&r.request_ms_by_verb, |_| true)
     );
-    let by_request: Vec<String> = r
-        .per_operation_by_request
-        .iter()
-        .map(|(req, n)| format!("{req} {n:.1}"))
-        .collect();
     let _ = writeln!(
         o,
         "{pad}  requests per operation by request: {}",
-        by_request.join(", ")
+        breakdown(&r.per_operation_by_request, |_| true)
     );
     let _ = writeln!(
         o,
