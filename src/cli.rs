@@ -154,6 +154,15 @@ pub struct RunArgs {
     /// cluster URL (no proxy, no TLS server-name override).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(0..=100))]
     pub watch_namespaces_per_connection: u16,
+    /// Where the watches of the fleets' Pods, claims, workloads, Services, NetworkPolicies and
+    /// PDBs look. `namespace`: 9 watches in each fleet namespace (the fleet Role of each
+    /// namespace is enough). `cluster`: one label-selected watch per kind across the cluster
+    /// plus one ServiceAccount watch per fleet namespace, which takes far less memory and
+    /// start-up time with many fleet namespaces, but needs cluster-wide get/list/watch of
+    /// those kinds (chart value `watchScope: cluster`). With `--watch-namespaces`, objects
+    /// of other namespaces are dropped as they arrive.
+    #[arg(long, value_enum, default_value = "namespace")]
+    pub watch_scope: crate::watches::WatchScope,
     /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,
@@ -670,6 +679,23 @@ mod tests {
             };
             assert!(run.check().is_err(), "{bad} is refused");
         }
+    }
+
+    #[test]
+    fn watch_scope_defaults_to_namespace() {
+        let Command::Run(run) = parse(&["run"]).unwrap().command else {
+            panic!("expected run")
+        };
+        assert_eq!(run.watch_scope, crate::watches::WatchScope::Namespace);
+        let Command::Run(run) = parse(&["run", "--watch-scope=cluster", "--watch-namespaces=a,b"])
+            .unwrap()
+            .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(run.watch_scope, crate::watches::WatchScope::Cluster);
+        run.check().unwrap();
+        assert!(parse(&["run", "--watch-scope=everywhere"]).is_err());
     }
 
     #[test]

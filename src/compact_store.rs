@@ -37,20 +37,27 @@ struct Entry {
     json: Box<[u8]>,
 }
 
+/// Objects by namespace, then by name.
+type Objects = HashMap<Box<str>, HashMap<Box<str>, Entry>>;
+
 #[derive(Default)]
 struct Inner {
-    objects: HashMap<Box<str>, Entry>,
+    objects: Objects,
     /// The map being built by a (re)list, swapped in at `InitDone`.
-    relist: Option<HashMap<Box<str>, Entry>>,
+    relist: Option<Objects>,
 }
 
-/// The objects of one kind in one namespace, as JSON, keyed by name (cheap to clone: the
-/// clones share the map).
+/// The objects of one kind, as JSON, by namespace and name (cheap to clone: the clones share
+/// the map). A store fed by one namespace's watch holds that namespace; a store fed by a
+/// cluster-wide watch (`--watch-scope cluster`) holds every namespace, and each fleet
+/// namespace reads it through a [`CompactStore::scoped`] view.
 pub struct CompactStore<K> {
     inner: Arc<RwLock<Inner>>,
     ready: Arc<AtomicBool>,
     /// The labels [`Self::labelled`] can filter on.
     label_keys: &'static [&'static str],
+    /// The namespace this view reads (`None`: every namespace the store holds).
+    scope: Option<Arc<str>>,
     _kind: PhantomData<fn() -> K>,
 }
 
@@ -60,6 +67,7 @@ impl<K> Clone for CompactStore<K> {
             inner: self.inner.clone(),
             ready: self.ready.clone(),
             label_keys: self.label_keys,
+            scope: self.scope.clone(),
             _kind: PhantomData,
         }
     }
@@ -75,12 +83,23 @@ where
             inner: Arc::default(),
             ready: Arc::default(),
             label_keys,
+            scope: None,
             _kind: PhantomData,
         }
     }
 
-    fn entry(&self, obj: &K) -> Option<(Box<str>, Entry)> {
+    /// A view of this store that reads namespace `ns` only (it shares the objects, the
+    /// readiness and the feed).
+    pub fn scoped(&self, ns: &str) -> Self {
+        Self {
+            scope: Some(ns.into()),
+            ..self.clone()
+        }
+    }
+
+    fn entry(&self, obj: &K) -> Option<(Box<str>, Box<str>, Entry)> {
         let name = obj.meta().name.as_deref()?;
+        let ns = obj.meta().namespace.as_deref().unwrap_or_default();
         let json = match serde_json::to_vec(obj) {
             Ok(json) => pack(std::any::type_name::<K>(), &json),
             Err(e) => {
@@ -96,7 +115,7 @@ where
             .iter()
             .map(|k| of.and_then(|l| l.get(*k)).map(|v| v.as_str().into()))
             .collect();
-        Some((name.into(), Entry { labels, json }))
+        Some((ns.into(), name.into(), Entry { labels, json }))
     }
 
     /// Applies one watcher event (what kube's reflector writer does, with JSON values).
@@ -106,32 +125,29 @@ where
         };
         match event {
             watcher::Event::Apply(obj) => match self.entry(obj) {
-                Some((name, entry)) => {
-                    inner.objects.insert(name, entry);
+                Some((ns, name, entry)) => {
+                    inner.objects.entry(ns).or_default().insert(name, entry);
                 }
-                None => {
-                    // Left out: drop any older copy too, so the cache never serves it.
-                    if let Some(name) = obj.meta().name.as_deref() {
-                        inner.objects.remove(name);
-                    }
-                }
+                // Left out: drop any older copy too, so the cache never serves it.
+                None => remove(&mut inner.objects, obj),
             },
-            watcher::Event::Delete(obj) => {
-                if let Some(name) = obj.meta().name.as_deref() {
-                    inner.objects.remove(name);
-                }
-            }
+            watcher::Event::Delete(obj) => remove(&mut inner.objects, obj),
             watcher::Event::Init => inner.relist = Some(HashMap::new()),
             watcher::Event::InitApply(obj) => {
-                if let Some((name, entry)) = self.entry(obj) {
+                if let Some((ns, name, entry)) = self.entry(obj) {
                     inner
                         .relist
                         .get_or_insert_with(HashMap::new)
+                        .entry(ns)
+                        .or_default()
                         .insert(name, entry);
                 }
             }
             watcher::Event::InitDone => {
                 let mut fresh = inner.relist.take().unwrap_or_default();
+                for names in fresh.values_mut() {
+                    names.shrink_to_fit();
+                }
                 fresh.shrink_to_fit();
                 inner.objects = fresh;
                 self.ready.store(true, Ordering::Release);
@@ -144,9 +160,12 @@ where
         self.ready.load(Ordering::Acquire)
     }
 
-    /// Objects stored.
+    /// Objects stored (in every namespace, whatever the view's scope).
     pub fn len(&self) -> usize {
-        self.inner.read().map(|i| i.objects.len()).unwrap_or(0)
+        self.inner
+            .read()
+            .map(|i| i.objects.values().map(HashMap::len).sum())
+            .unwrap_or(0)
     }
 
     /// Nothing stored.
@@ -154,10 +173,22 @@ where
         self.len() == 0
     }
 
-    /// The object named `name` (`None`: not stored, or not readable).
+    /// The namespaces this view reads.
+    fn in_scope<'a>(&self, objects: &'a Objects) -> Vec<&'a HashMap<Box<str>, Entry>> {
+        match self.scope.as_deref() {
+            Some(ns) => objects.get(ns).into_iter().collect(),
+            None => objects.values().collect(),
+        }
+    }
+
+    /// The object named `name` in the view's namespace (`None`: not stored, or not readable).
     pub fn get(&self, name: &str) -> Option<K> {
         let inner = self.inner.read().ok()?;
-        decode(name, &inner.objects.get(name)?.json)
+        let entry = self
+            .in_scope(&inner.objects)
+            .into_iter()
+            .find_map(|n| n.get(name))?;
+        decode(name, &entry.json)
     }
 
     /// The objects whose label `key` (one of the store's label keys) is `value`, by name.
@@ -166,9 +197,10 @@ where
     pub fn labelled(&self, key: &str, value: &str) -> Option<Vec<K>> {
         let at = self.label_keys.iter().position(|k| *k == key)?;
         let inner = self.inner.read().ok()?;
-        let mut named: Vec<(&str, &Entry)> = inner
-            .objects
-            .iter()
+        let mut named: Vec<(&str, &Entry)> = self
+            .in_scope(&inner.objects)
+            .into_iter()
+            .flatten()
             .filter(|(_, e)| e.labels.get(at).and_then(|v| v.as_deref()) == Some(value))
             .map(|(n, e)| (&**n, e))
             .collect();
@@ -181,8 +213,28 @@ where
     pub fn json_bytes(&self) -> usize {
         self.inner
             .read()
-            .map(|i| i.objects.values().map(|e| e.json.len()).sum())
+            .map(|i| {
+                i.objects
+                    .values()
+                    .flatten()
+                    .map(|(_, e)| e.json.len())
+                    .sum()
+            })
             .unwrap_or(0)
+    }
+}
+
+/// Removes `obj` (by namespace and name) and a namespace left empty.
+fn remove<K: Resource>(objects: &mut Objects, obj: &K) {
+    let (Some(name), ns) = (obj.meta().name.as_deref(), obj.meta().namespace.as_deref()) else {
+        return;
+    };
+    let ns = ns.unwrap_or_default();
+    if let Some(names) = objects.get_mut(ns) {
+        names.remove(name);
+        if names.is_empty() {
+            objects.remove(ns);
+        }
     }
 }
 
@@ -400,6 +452,61 @@ mod tests {
     }
 
     #[test]
+    fn a_scoped_view_reads_its_namespace_of_a_cluster_wide_store() {
+        let in_ns = |ns: &str, name: &str, uid: &str, rv: &str| {
+            let mut p = pod(name, Some(uid), rv);
+            p.metadata.namespace = Some(ns.into());
+            p
+        };
+        let all = CompactStore::<Pod>::new(KEYS);
+        let (a, b) = (all.scoped("a"), all.scoped("b"));
+        all.apply(&watcher::Event::Init);
+        all.apply(&watcher::Event::InitApply(in_ns("a", "m-0", "f", "1")));
+        all.apply(&watcher::Event::InitApply(in_ns("b", "m-0", "g", "1")));
+        all.apply(&watcher::Event::InitApply(in_ns("b", "m-1", "g", "1")));
+        assert!(!a.is_ready(), "a view is ready with its store");
+        all.apply(&watcher::Event::InitDone);
+        assert!(a.is_ready() && b.is_ready());
+        // One name in two namespaces: each view reads its own.
+        assert_eq!(a.get("m-0"), Some(in_ns("a", "m-0", "f", "1")));
+        assert_eq!(b.get("m-0"), Some(in_ns("b", "m-0", "g", "1")));
+        assert_eq!(a.get("m-1"), None, "another namespace's object");
+        assert!(all.scoped("c").get("m-0").is_none());
+        let names = |v: Vec<Pod>| -> Vec<String> {
+            v.into_iter()
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.unwrap(),
+                        p.metadata.name.unwrap()
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(names(b.labelled(LABEL, "g").unwrap()), ["b/m-0", "b/m-1"]);
+        assert!(
+            a.labelled(LABEL, "g").unwrap().is_empty(),
+            "by namespace first"
+        );
+        // Events change one namespace's object only.
+        all.apply(&watcher::Event::Apply(in_ns("a", "m-0", "f", "2")));
+        all.apply(&watcher::Event::Delete(in_ns("b", "m-0", "g", "1")));
+        assert_eq!(b.get("m-0"), None);
+        assert_eq!(
+            a.get("m-0").unwrap().metadata.resource_version.as_deref(),
+            Some("2")
+        );
+        assert_eq!(all.len(), 2, "the count is the store's, every namespace");
+        assert_eq!(a.len(), 2);
+        // A relist replaces every namespace at once.
+        all.apply(&watcher::Event::Init);
+        all.apply(&watcher::Event::InitApply(in_ns("b", "m-2", "g", "3")));
+        all.apply(&watcher::Event::InitDone);
+        assert_eq!(a.get("m-0"), None);
+        assert_eq!(names(b.labelled(LABEL, "g").unwrap()), ["b/m-2"]);
+    }
+
+    #[test]
     fn events_apply_like_the_reflector() {
         let s = CompactStore::<Pod>::new(KEYS);
         assert!(!s.is_ready(), "not ready before the first list");
@@ -459,26 +566,38 @@ mod tests {
     fn an_unreadable_entry_is_a_miss_and_fails_a_list() {
         let s = CompactStore::<Pod>::new(KEYS);
         s.apply(&watcher::Event::Apply(pod("a-0", Some("f"), "1")));
-        s.inner.write().unwrap().objects.insert(
-            "a-1".into(),
-            Entry {
-                labels: Box::new([Some("f".into()), None]),
-                json: pack(std::any::type_name::<Pod>(), b"{not json"),
-            },
-        );
+        s.inner
+            .write()
+            .unwrap()
+            .objects
+            .entry("ns".into())
+            .or_default()
+            .insert(
+                "a-1".into(),
+                Entry {
+                    labels: Box::new([Some("f".into()), None]),
+                    json: pack(std::any::type_name::<Pod>(), b"{not json"),
+                },
+            );
         // Bytes that are not LZ4 at all, and a length beyond the bound, are misses too.
         for junk in [
             &b"\x05\x00\x00\x00zz"[..],
             &b"\xff\xff\xff\x7f{}"[..],
             b"{}",
         ] {
-            s.inner.write().unwrap().objects.insert(
-                "a-2".into(),
-                Entry {
-                    labels: Box::new([None, None]),
-                    json: junk.to_vec().into_boxed_slice(),
-                },
-            );
+            s.inner
+                .write()
+                .unwrap()
+                .objects
+                .entry("ns".into())
+                .or_default()
+                .insert(
+                    "a-2".into(),
+                    Entry {
+                        labels: Box::new([None, None]),
+                        json: junk.to_vec().into_boxed_slice(),
+                    },
+                );
             assert!(s.get("a-2").is_none(), "{junk:?}");
         }
         assert!(s.get("a-1").is_none());

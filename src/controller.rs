@@ -475,7 +475,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         watches: Some(if args.test_fresh_reads {
             crate::watches::Watches::new(client.clone(), pod_events_tx).without_stores()
         } else {
-            let watches = crate::watches::Watches::new(client.clone(), pod_events_tx);
+            let watches = crate::watches::Watches::new(client.clone(), pod_events_tx)
+                .with_scope(args.watch_scope)
+                .within(&args.watch_namespaces);
             match watch_clients {
                 Some(c) => watches.with_watch_clients(c),
                 None => watches,

@@ -52,6 +52,78 @@ pub fn watch_config() -> watcher::Config {
 
 type FleetIndex = Arc<Mutex<HashMap<String, ObjectRef<CelldFleet>>>>;
 
+/// Where the watches of the fleets' labelled objects look (`--watch-scope`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchScope {
+    /// Each fleet namespace has its own 9 watches, started with its first fleet and stopped
+    /// with its last; the fleet Role of each namespace is all they need.
+    #[default]
+    Namespace,
+    /// One label-selected watch per kind across the cluster (8 in all, started with the first
+    /// fleet and kept), plus one ServiceAccount watch per fleet namespace. Needs cluster-wide
+    /// get/list/watch of those kinds (the chart's `watchScope: cluster`); writes still need
+    /// each namespace's fleet Role.
+    Cluster,
+}
+
+/// The watch-fed stores of the fleets' labelled objects: one namespace's, or (cluster scope)
+/// every namespace's, read through [`LabelledStores::scoped`] views.
+#[derive(Clone)]
+struct LabelledStores {
+    pods: CompactStore<Pod>,
+    statefulsets: CompactStore<StatefulSet>,
+    deployments: CompactStore<Deployment>,
+    claims: CompactStore<PersistentVolumeClaim>,
+    services: CompactStore<Service>,
+    network_policies: CompactStore<NetworkPolicy>,
+    pdbs: CompactStore<PodDisruptionBudget>,
+}
+
+impl LabelledStores {
+    fn scoped(&self, ns: &str) -> Self {
+        Self {
+            pods: self.pods.scoped(ns),
+            statefulsets: self.statefulsets.scoped(ns),
+            deployments: self.deployments.scoped(ns),
+            claims: self.claims.scoped(ns),
+            services: self.services.scoped(ns),
+            network_policies: self.network_policies.scoped(ns),
+            pdbs: self.pdbs.scoped(ns),
+        }
+    }
+
+    /// Objects held (every namespace the stores hold).
+    fn len(&self) -> usize {
+        self.pods.len()
+            + self.statefulsets.len()
+            + self.deployments.len()
+            + self.claims.len()
+            + self.services.len()
+            + self.network_policies.len()
+            + self.pdbs.len()
+    }
+
+    /// Bytes of packed JSON held.
+    fn json_bytes(&self) -> usize {
+        self.pods.json_bytes()
+            + self.statefulsets.json_bytes()
+            + self.deployments.json_bytes()
+            + self.claims.json_bytes()
+            + self.services.json_bytes()
+            + self.network_policies.json_bytes()
+            + self.pdbs.json_bytes()
+    }
+}
+
+/// The cluster-wide watches of `--watch-scope cluster`: kept for the life of the process.
+struct Shared {
+    stores: LabelledStores,
+    _handles: Vec<JoinHandle<()>>,
+}
+
+/// The watch-client shard of the cluster-wide watches (a name no namespace can have).
+const CLUSTER_SHARD: &str = "*cluster*";
+
 /// The watch-fed stores of one namespace (labelled objects only).
 #[derive(Clone)]
 pub struct NsCache {
@@ -101,32 +173,16 @@ impl NsCache {
             && ready(&self.reservations)
     }
 
-    /// Objects cached, all kinds (a gauge).
-    pub fn len(&self) -> usize {
-        self.pods.len()
-            + self.statefulsets.len()
-            + self.deployments.len()
-            + self.claims.len()
-            + self.services.len()
-            + self.network_policies.len()
-            + self.pdbs.len()
-            + self.service_accounts.len()
-    }
-
-    /// Bytes of JSON held by the compact stores.
-    pub fn json_bytes(&self) -> usize {
-        self.pods.json_bytes()
-            + self.statefulsets.json_bytes()
-            + self.deployments.json_bytes()
-            + self.claims.json_bytes()
-            + self.services.json_bytes()
-            + self.network_policies.json_bytes()
-            + self.pdbs.json_bytes()
-    }
-
-    /// Nothing cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    fn labelled(&self) -> LabelledStores {
+        LabelledStores {
+            pods: self.pods.clone(),
+            statefulsets: self.statefulsets.clone(),
+            deployments: self.deployments.clone(),
+            claims: self.claims.clone(),
+            services: self.services.clone(),
+            network_policies: self.network_policies.clone(),
+            pdbs: self.pdbs.clone(),
+        }
     }
 }
 
@@ -231,6 +287,12 @@ pub struct Watches {
     /// HTTP/2 clients shared by the namespaces' watches (none: each watch uses `client`, one
     /// HTTP/1.1 connection per watch).
     watch_clients: Option<Arc<crate::watch_clients::WatchClients>>,
+    /// Per namespace or cluster-wide watches of the labelled objects.
+    scope: WatchScope,
+    /// The cluster-wide stores of `WatchScope::Cluster`, started with the first fleet.
+    shared: Mutex<Option<Shared>>,
+    /// `--watch-namespaces`: a cluster-wide store keeps only objects of these (`None`: all).
+    only: Option<Arc<HashSet<String>>>,
 }
 
 #[derive(Clone)]
@@ -250,7 +312,24 @@ impl Watches {
             cluster: Mutex::default(),
             stores: true,
             watch_clients: None,
+            scope: WatchScope::Namespace,
+            shared: Mutex::default(),
+            only: None,
         }
+    }
+
+    /// A cluster-wide store keeps the objects of `namespaces` only (`--watch-namespaces`;
+    /// empty: every namespace).
+    pub fn within(mut self, namespaces: &[String]) -> Self {
+        self.only =
+            (!namespaces.is_empty()).then(|| Arc::new(namespaces.iter().cloned().collect()));
+        self
+    }
+
+    /// Watches the labelled objects per namespace or cluster-wide.
+    pub fn with_scope(mut self, scope: WatchScope) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// The namespaces' watches go through these shared HTTP/2 clients.
@@ -284,31 +363,32 @@ impl Watches {
         let Some(cluster) = self.cluster_stores() else {
             return;
         };
-        let client = match self.watch_clients.as_ref().map(|c| c.client_for(ns)) {
-            Some(Ok(client)) => client,
-            Some(Err(e)) => {
-                // The namespace is watched over HTTP/1.1 like before: slower to scale, not wrong.
-                tracing::warn!(namespace = ns, error = %e, "no HTTP/2 watch client; using the main client");
-                self.client.clone()
-            }
-            None => self.client.clone(),
+        let labelled = match self.scope {
+            WatchScope::Namespace => None,
+            WatchScope::Cluster => match self.shared_stores() {
+                Some(shared) => Some(shared.scoped(ns)),
+                None => return,
+            },
         };
-        let client = &client;
+        let client = &self.watch_client(ns);
         let mut handles = Vec::new();
+        let labelled = match labelled {
+            Some(view) => view,
+            None => self.labelled_stores(client, Some(ns), &mut handles),
+        };
         let cache = NsCache {
-            pods: self.reflect::<Pod>(client, ns, &mut handles),
-            statefulsets: self.reflect::<StatefulSet>(client, ns, &mut handles),
-            deployments: self.reflect::<Deployment>(client, ns, &mut handles),
-            claims: self.reflect::<PersistentVolumeClaim>(client, ns, &mut handles),
-            services: self.reflect::<Service>(client, ns, &mut handles),
-            network_policies: self.reflect::<NetworkPolicy>(client, ns, &mut handles),
-            pdbs: self.reflect::<PodDisruptionBudget>(client, ns, &mut handles),
+            pods: labelled.pods,
+            statefulsets: labelled.statefulsets,
+            deployments: labelled.deployments,
+            claims: labelled.claims,
+            services: labelled.services,
+            network_policies: labelled.network_policies,
+            pdbs: labelled.pdbs,
             service_accounts: self.service_accounts(client, ns, &mut handles),
             storage_classes: cluster.storage_classes,
             reservations: cluster.reservations,
         };
-        handles.push(self.metadata_only::<ReplicaSet>(client, ns));
-        tracing::debug!(namespace = ns, "started the namespace's watches");
+        tracing::debug!(namespace = ns, scope = ?self.scope, "started the namespace's watches");
         namespaces.insert(ns.to_string(), Namespace { cache, handles });
     }
 
@@ -319,20 +399,95 @@ impl Watches {
         cache.ready().then(|| cache.clone())
     }
 
-    /// Objects cached in every namespace.
+    /// Objects cached in every namespace (a gauge).
     pub fn cached_objects(&self) -> usize {
+        let (per_namespace, accounts) = self
+            .namespaces
+            .lock()
+            .map(|n| {
+                n.values().fold((0, 0), |(o, a), n| {
+                    (
+                        o + n.cache.labelled().len(),
+                        a + n.cache.service_accounts.len(),
+                    )
+                })
+            })
+            .unwrap_or((0, 0));
+        // Each namespace's view of shared stores would count every namespace's objects.
+        self.shared_len().map_or(per_namespace, |(len, _)| len) + accounts
+    }
+
+    /// Bytes of JSON held by the compact stores (a gauge).
+    pub fn cached_bytes(&self) -> usize {
+        if let Some((_, bytes)) = self.shared_len() {
+            return bytes;
+        }
         self.namespaces
             .lock()
-            .map(|n| n.values().map(|n| n.cache.len()).sum())
+            .map(|n| n.values().map(|n| n.cache.labelled().json_bytes()).sum())
             .unwrap_or(0)
     }
 
-    /// Bytes of JSON held by every namespace's compact stores.
-    pub fn cached_bytes(&self) -> usize {
-        self.namespaces
-            .lock()
-            .map(|n| n.values().map(|n| n.cache.json_bytes()).sum())
-            .unwrap_or(0)
+    /// Objects and bytes of the cluster-wide stores, if they run.
+    fn shared_len(&self) -> Option<(usize, usize)> {
+        let shared = self.shared.lock().ok()?;
+        let s = &shared.as_ref()?.stores;
+        Some((s.len(), s.json_bytes()))
+    }
+
+    /// The client of `shard`'s watches: an HTTP/2 shard when there are any, else the main
+    /// client.
+    fn watch_client(&self, shard: &str) -> Client {
+        match self.watch_clients.as_ref().map(|c| c.client_for(shard)) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => {
+                // Watched over HTTP/1.1 like before: slower to scale, not wrong.
+                tracing::warn!(shard, error = %e, "no HTTP/2 watch client; using the main client");
+                self.client.clone()
+            }
+            None => self.client.clone(),
+        }
+    }
+
+    /// The cluster-wide labelled stores (`WatchScope::Cluster`), started on first use and kept
+    /// for the life of the process.
+    fn shared_stores(&self) -> Option<LabelledStores> {
+        let mut shared = self.shared.lock().ok()?;
+        if let Some(s) = shared.as_ref() {
+            return Some(s.stores.clone());
+        }
+        let client = self.watch_client(CLUSTER_SHARD);
+        let mut handles = Vec::new();
+        let stores = self.labelled_stores(&client, None, &mut handles);
+        tracing::info!(
+            "started the cluster-wide watches of the fleets' objects (--watch-scope cluster)"
+        );
+        *shared = Some(Shared {
+            stores: stores.clone(),
+            _handles: handles,
+        });
+        Some(stores)
+    }
+
+    /// The watches of the fleets' labelled objects (and the ReplicaSets' metadata) in `ns`, or
+    /// across the cluster (`None`).
+    fn labelled_stores(
+        &self,
+        client: &Client,
+        ns: Option<&str>,
+        handles: &mut Vec<JoinHandle<()>>,
+    ) -> LabelledStores {
+        let stores = LabelledStores {
+            pods: self.reflect::<Pod>(client, ns, handles),
+            statefulsets: self.reflect::<StatefulSet>(client, ns, handles),
+            deployments: self.reflect::<Deployment>(client, ns, handles),
+            claims: self.reflect::<PersistentVolumeClaim>(client, ns, handles),
+            services: self.reflect::<Service>(client, ns, handles),
+            network_policies: self.reflect::<NetworkPolicy>(client, ns, handles),
+            pdbs: self.reflect::<PodDisruptionBudget>(client, ns, handles),
+        };
+        handles.push(self.metadata_only::<ReplicaSet>(client, ns));
+        stores
     }
 
     /// Waits (at most `limit`) until every watched namespace's stores have their first
@@ -442,15 +597,24 @@ impl Watches {
         reader
     }
 
-    /// A watch that feeds a store and triggers the fleet named by each touched object's label.
+    /// A watch (of `ns`, or cluster-wide) that feeds a store and triggers the fleet named by
+    /// each touched object's label.
     fn reflect<K: Cached>(
         &self,
         client: &Client,
-        ns: &str,
+        ns: Option<&str>,
         handles: &mut Vec<JoinHandle<()>>,
     ) -> CompactStore<K> {
-        let api: Api<K> = Api::namespaced(client.clone(), ns);
-        let store = CompactStore::new(&[FLEET_UID_LABEL, REPLACEMENT_FLEET_LABEL]);
+        let (api, store) = match ns {
+            Some(ns) => (
+                Api::<K>::namespaced(client.clone(), ns),
+                CompactStore::new(&[FLEET_UID_LABEL, REPLACEMENT_FLEET_LABEL]).scoped(ns),
+            ),
+            None => (
+                Api::<K>::all(client.clone()),
+                CompactStore::new(&[FLEET_UID_LABEL, REPLACEMENT_FLEET_LABEL]),
+            ),
+        };
         let config = watch_config().labels(FLEET_UID_LABEL);
         let kind = K::kind(&()).to_string();
         if !self.stores {
@@ -459,12 +623,18 @@ impl Watches {
             return store;
         }
         let feed = store.clone();
+        let only = self.only.clone().filter(|_| ns.is_none());
         let events = watcher(api, config)
             .default_backoff()
             .modify(K::project)
             .map(move |event| {
                 if let Ok(e) = &event {
-                    feed.apply(e);
+                    if only
+                        .as_deref()
+                        .is_none_or(|only| watched_namespace(e, only))
+                    {
+                        feed.apply(e);
+                    }
                 }
                 event
             })
@@ -473,27 +643,32 @@ impl Watches {
         store
     }
 
-    /// A metadata-only watch that only triggers.
-    fn metadata_only<K>(&self, client: &Client, ns: &str) -> JoinHandle<()>
+    /// A metadata-only watch (of `ns`, or cluster-wide) that only triggers.
+    fn metadata_only<K>(&self, client: &Client, ns: Option<&str>) -> JoinHandle<()>
     where
         K: Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope>,
     {
-        let api: Api<PartialObjectMeta<K>> = Api::namespaced(client.clone(), ns);
+        let api: Api<PartialObjectMeta<K>> = match ns {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
         let config = watch_config().labels(FLEET_UID_LABEL);
         let events = watcher(api, config).default_backoff().touched_objects();
         self.forward(ns, K::kind(&()).to_string(), events)
     }
 
-    fn forward<O, S>(&self, ns: &str, kind: String, events: S) -> JoinHandle<()>
+    fn forward<O, S>(&self, ns: Option<&str>, kind: String, events: S) -> JoinHandle<()>
     where
         O: Resource,
         S: futures::Stream<Item = Result<O, watcher::Error>> + Send + 'static,
     {
         let fleets = self.fleets.clone();
         let trigger = self.trigger.clone();
-        let ns = ns.to_string();
+        let cluster_wide = ns.is_none();
+        let ns = ns.unwrap_or("(all)").to_string();
         tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
+            let mut refusal_reported = false;
             while let Some(event) = events.next().await {
                 match event {
                     Ok(obj) => {
@@ -507,12 +682,43 @@ impl Watches {
                             }
                         }
                     }
+                    Err(e) if cluster_wide && !refusal_reported && refused(&e) => {
+                        // Without it every pass reads fresh: correct, but never at rest.
+                        refusal_reported = true;
+                        tracing::error!(kind, error = %e, "the cluster-wide watch is refused: --watch-scope cluster needs cluster-wide get, list and watch of this kind (chart value watchScope: cluster grants it); every reconcile reads from the API server until it is granted");
+                    }
                     Err(e) => {
                         tracing::debug!(namespace = %ns, kind, error = %e, "watch failed; retrying with backoff")
                     }
                 }
             }
         })
+    }
+}
+
+/// Whether a cluster-wide watch's event is about an object in one of `only` (`Init` and
+/// `InitDone` are about the whole list).
+fn watched_namespace<K: Resource>(event: &watcher::Event<K>, only: &HashSet<String>) -> bool {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o) => o
+            .meta()
+            .namespace
+            .as_deref()
+            .is_some_and(|ns| only.contains(ns)),
+        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
+}
+
+/// A watch error that is the API server refusing access (403).
+fn refused(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => {
+            matches!(e, kube::Error::Api(s) if s.code == 403)
+        }
+        watcher::Error::WatchError(s) => s.code == 403,
+        watcher::Error::NoResourceVersion => false,
     }
 }
 

@@ -2771,3 +2771,172 @@ async fn namespace_watches_share_one_http2_connection() {
         cleanup(&client, ns).await;
     }
 }
+
+/// `--watch-scope cluster`: one label-selected watch per kind across the cluster serves the
+/// fleets of every watched namespace. Objects of a namespace outside `--watch-namespaces`
+/// (here a Service with a fleet label) are dropped as they arrive; a settled fleet is
+/// reconciled from the shared caches without a request; member readiness (growth) and a
+/// deleted PDB reach the operator through the cluster-wide watches.
+#[tokio::test]
+async fn cluster_wide_watches_serve_fleets_in_several_namespaces() {
+    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let _guard = isolated().await;
+    let (_c, client, first) = setup("cw").await;
+    let second = TestNamespace::create(&client, "cwb").await.unwrap();
+    fleet_service_account(&client, &second.name).await;
+    let outside = TestNamespace::create(&client, "cwx").await.unwrap();
+    let foreign: Service = serde_json::from_value(json!({
+        "metadata": {"name": "foreign", "labels": {"celld.eric.dev/fleet-uid": "not-a-fleet-here"}},
+        "spec": {"ports": [{"port": 8080}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(client.clone(), &outside.name)
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    let names = [first.name.clone(), second.name.clone()];
+    let _op = Operator::start_with(|o| {
+        o.extra_args
+            .retain(|a| !a.starts_with("--watch-namespaces="));
+        o.extra_args
+            .push(format!("--watch-namespaces={}", names.join(",")));
+        o.extra_args.push("--watch-scope=cluster".into());
+    });
+    let apis: Vec<Api<CelldFleet>> = names
+        .iter()
+        .map(|ns| Api::namespaced(client.clone(), ns))
+        .collect();
+    create_ready(
+        &apis[0],
+        &fleet("eta", "PersistentFleet", 3, &unique_bucket("cw")),
+        3,
+    )
+    .await;
+    create_ready(
+        &apis[1],
+        &fleet("eta", "Bucket", 3, &unique_bucket("cwb")),
+        3,
+    )
+    .await;
+
+    // The caches hold the two namespaces' labelled objects and ServiceAccounts, nothing else.
+    async fn expected(client: &Client, names: &[String]) -> i64 {
+        let lp = ListParams::default().labels("celld.eric.dev/fleet-uid");
+        let mut n = 0;
+        for ns in names {
+            macro_rules! count {
+                ($($k:ty),*) => {$(
+                    n += Api::<$k>::namespaced(client.clone(), ns).list(&lp).await.unwrap().items.len();
+                )*};
+            }
+            count!(
+                Pod,
+                StatefulSet,
+                Deployment,
+                PersistentVolumeClaim,
+                Service,
+                NetworkPolicy,
+                PodDisruptionBudget
+            );
+            n += Api::<ServiceAccount>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len();
+        }
+        n as i64
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let text = at_rest().await;
+        let want = expected(&client, &names).await;
+        if gauge(&text, "cached_objects") == Some(want) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cached objects {:?}, labelled objects and ServiceAccounts of the two namespaces {want}:\n{text}",
+            gauge(&text, "cached_objects")
+        );
+        // The gauge is set after each reconcile: touch a fleet.
+        apis[0]
+            .patch(
+                "eta",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"test.celld/count": want.to_string()}}}),
+                ),
+            )
+            .await
+            .unwrap();
+    };
+    assert_eq!(gauge(&text, "watched_namespaces"), Some(2), "{text}");
+
+    // Settled fleets are reconciled from the shared caches without a request.
+    let (requests_before, cached_before, fresh_before) = requests_and_passes(&text);
+    for api in &apis {
+        api.patch(
+            "eta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test.celld/touch": "1"}}})),
+        )
+        .await
+        .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = scrape().await;
+        if requests_and_passes(&text).1 >= cached_before + 2 {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            break scrape().await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two idle reconciles were not decided from the shared caches within 30 s:\n{text}"
+        );
+    };
+    let (requests_after, _, fresh_after) = requests_and_passes(&after);
+    assert_eq!(
+        requests_after, requests_before,
+        "idle reconciles sent requests (Lease aside)"
+    );
+    assert_eq!(
+        fresh_after, fresh_before,
+        "an idle reconcile ran a fresh pass"
+    );
+
+    // Member readiness of the second namespace and a deleted PDB of the first reach the
+    // operator through the cluster-wide watches.
+    apis[1]
+        .patch(
+            "eta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    ready(&apis[1], "eta", 4).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &names[0]);
+    let old_budget = budgets.get("eta").await.unwrap().uid();
+    budgets.delete("eta", &Default::default()).await.unwrap();
+    until(
+        "the PodDisruptionBudget created again",
+        60,
+        &apis[0],
+        "eta",
+        || async {
+            let live = budgets.get_opt("eta").await.ok()??;
+            (live.uid() != old_budget && live.metadata.deletion_timestamp.is_none()).then_some(())
+        },
+    )
+    .await;
+    for ns in [first, second] {
+        cleanup(&client, ns).await;
+    }
+    outside.delete().await.unwrap();
+}

@@ -36,6 +36,7 @@ reject "reconcileConcurrency" --set reconcileConcurrency=0
 reject "reconcileConcurrency" --set reconcileConcurrency=65
 reject "watchNamespacesPerConnection" --set watchNamespacesPerConnection=101
 reject "watchNamespacesPerConnection" --set-string watchNamespacesPerConnection=ten
+reject "watchScope" --set watchScope=everywhere
 reject "mallocArenas" --set mallocArenas=257
 reject "mallocArenas" --set mallocArenas=-1
 reject "annotationBytes" --set journal.annotationBytes=200000
@@ -47,6 +48,7 @@ accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
 accept --set watchNamespacesPerConnection=0 --set reconcileConcurrency=64
 accept --set mallocArenas=1
+accept --set watchScope=cluster
 accept --set memberReplacementDelay=2h
 accept --set memberReplacementDelay=1h5m
 

@@ -5,11 +5,13 @@
 
 use celld_harness::{api_status, cluster, repo_root, TestNamespace};
 use celld_operator::api::{CelldFleet, CelldStorageReservation};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -188,6 +190,137 @@ async fn chart_grants_exactly_what_the_operator_needs() {
         wrong.join("\n")
     );
 
+    // watchScope: cluster adds cluster-wide reads of the fleets' objects, and nothing else:
+    // no writes outside the fleet namespaces, no Secrets, no PVs or Nodes.
+    cluster
+        .helm(&[
+            "upgrade",
+            "celld-operator",
+            chart,
+            "--namespace",
+            OPERATOR_NS,
+            "--reuse-values",
+            "--set",
+            "watchScope=cluster",
+        ])
+        .unwrap();
+    let wide: Vec<(&str, Option<u16>)> = vec![
+        (
+            "list pods cluster-wide",
+            api_status(&Api::<Pod>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list claims cluster-wide",
+            api_status(
+                &Api::<PersistentVolumeClaim>::all(op.clone())
+                    .list(&lp)
+                    .await,
+            ),
+        ),
+        (
+            "list services cluster-wide",
+            api_status(&Api::<Service>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list statefulsets cluster-wide",
+            api_status(&Api::<StatefulSet>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list deployments cluster-wide",
+            api_status(&Api::<Deployment>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list replicasets cluster-wide",
+            api_status(&Api::<ReplicaSet>::all(op.clone()).list_metadata(&lp).await),
+        ),
+        (
+            "list networkpolicies cluster-wide",
+            api_status(&Api::<NetworkPolicy>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list poddisruptionbudgets cluster-wide",
+            api_status(&Api::<PodDisruptionBudget>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list pods in an unlisted namespace",
+            api_status(
+                &Api::<Pod>::namespaced(op.clone(), &ns_other)
+                    .list(&lp)
+                    .await,
+            ),
+        ),
+    ];
+    for (what, status) in &wide {
+        assert_eq!(
+            *status, None,
+            "watchScope=cluster must allow the operator to {what}"
+        );
+    }
+    let still_denied: Vec<(&str, Option<u16>)> = vec![
+        (
+            "delete a pod in an unlisted namespace",
+            api_status(
+                &Api::<Pod>::namespaced(op.clone(), &ns_other)
+                    .delete("nope", &DeleteParams::default())
+                    .await
+                    .map(|_| ()),
+            ),
+        ),
+        (
+            "create a service in an unlisted namespace",
+            api_status(
+                &Api::<Service>::namespaced(op.clone(), &ns_other)
+                    .create(
+                        &PostParams::default(),
+                        &serde_json::from_value(json!({
+                            "metadata": {"name": "x"}, "spec": {"ports": [{"port": 80}]}
+                        }))
+                        .unwrap(),
+                    )
+                    .await,
+            ),
+        ),
+        (
+            "delete a claim in an unlisted namespace",
+            api_status(
+                &Api::<PersistentVolumeClaim>::namespaced(op.clone(), &ns_other)
+                    .delete("nope", &DeleteParams::default())
+                    .await
+                    .map(|_| ()),
+            ),
+        ),
+        (
+            "list secrets cluster-wide",
+            api_status(&Api::<Secret>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list serviceaccounts cluster-wide",
+            api_status(
+                &Api::<ServiceAccount>::all(op.clone())
+                    .list_metadata(&lp)
+                    .await,
+            ),
+        ),
+        (
+            "list persistentvolumes",
+            api_status(&Api::<PersistentVolume>::all(op.clone()).list(&lp).await),
+        ),
+        (
+            "list nodes",
+            api_status(&Api::<Node>::all(op.clone()).list(&lp).await),
+        ),
+    ];
+    let wrong: Vec<_> = still_denied
+        .iter()
+        .filter(|(_, s)| *s != Some(403))
+        .map(|(w, s)| format!("{w}: {s:?}"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "with watchScope=cluster the chart's ServiceAccount must still be denied (403):\n{}",
+        wrong.join("\n")
+    );
+
     // helm upgrade changes the operator's flag.
     cluster
         .helm(&[
@@ -214,6 +347,10 @@ async fn chart_grants_exactly_what_the_operator_needs() {
         "{args:?}"
     );
     assert!(!args.iter().any(|a| a == "--member-replacement-delay=10m"));
+    assert!(
+        args.contains(&"--watch-scope=cluster".to_string()),
+        "{args:?}"
+    );
 
     // helm uninstall leaves fleets, reservations and the CRDs alone.
     let fleets = Api::<CelldFleet>::namespaced(admin.clone(), &listed.name);
