@@ -148,6 +148,10 @@ pub struct RunArgs {
     /// can measure both in one run).
     #[arg(long, hide = true)]
     pub test_fresh_reads: bool,
+    /// Test clusters only: objects per page of a cluster-wide watch's list instead of
+    /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
+    #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub test_cluster_list_page: Option<u32>,
     /// Fleet namespaces whose watches share one HTTP/2 connection to the API server (9 watches
     /// per namespace). 0: every watch has its own HTTP/1.1 connection, as kube's client does
     /// (for an API server or proxy without HTTP/2). HTTP/2 is used only for a direct `https`
@@ -325,6 +329,10 @@ impl RunArgs {
             (self.test_api_fault.is_some(), "--test-api-fault"),
             (self.test_skip_lease_guard, "--test-skip-lease-guard"),
             (self.test_fresh_reads, "--test-fresh-reads"),
+            (
+                self.test_cluster_list_page.is_some(),
+                "--test-cluster-list-page",
+            ),
         ] {
             if set && !self.local_test {
                 return Err(format!("{flag} needs --local-test"));

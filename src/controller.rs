@@ -477,7 +477,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         } else {
             let watches = crate::watches::Watches::new(client.clone(), pod_events_tx)
                 .with_scope(args.watch_scope)
-                .within(&args.watch_namespaces);
+                .within(&args.watch_namespaces)
+                .with_list_page(
+                    args.test_cluster_list_page
+                        .unwrap_or(crate::watches::CLUSTER_LIST_PAGE),
+                );
             match watch_clients {
                 Some(c) => watches.with_watch_clients(c),
                 None => watches,
