@@ -8,6 +8,11 @@
 //! namespace); a refused watch retries with backoff while the fleet reports
 //! NamespaceAccessDenied from its own reads.
 //!
+//! With `--watch-scope cluster` ([`WatchScope::Cluster`]) the labelled kinds are watched once
+//! across the cluster instead, started with the first fleet and kept; each namespace reads
+//! those shared stores through views of its own namespace ([`CompactStore::scoped`]), and only
+//! its ServiceAccount watch is its own.
+//!
 //! Each watch but the ReplicaSets' feeds a reflector store ([`NsCache`]) that a reconcile's
 //! cached pass reads (`crate::pass`); the store is updated before the event triggers the
 //! reconcile, so the object that caused a reconcile is never older in the cache than in the
