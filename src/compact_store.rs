@@ -566,38 +566,35 @@ mod tests {
     fn an_unreadable_entry_is_a_miss_and_fails_a_list() {
         let s = CompactStore::<Pod>::new(KEYS);
         s.apply(&watcher::Event::Apply(pod("a-0", Some("f"), "1")));
-        s.inner
-            .write()
-            .unwrap()
-            .objects
-            .entry("ns".into())
-            .or_default()
-            .insert(
-                "a-1".into(),
-                Entry {
-                    labels: Box::new([Some("f".into()), None]),
-                    json: pack(std::any::type_name::<Pod>(), b"{not json"),
-                },
-            );
+        // Entries put in namespace "ns" as they are, past `entry()`'s packing.
+        let put = |name: &str, entry: Entry| {
+            let mut inner = s.inner.write().unwrap();
+            inner
+                .objects
+                .entry("ns".into())
+                .or_default()
+                .insert(name.into(), entry);
+        };
+        put(
+            "a-1",
+            Entry {
+                labels: Box::new([Some("f".into()), None]),
+                json: pack(std::any::type_name::<Pod>(), b"{not json"),
+            },
+        );
         // Bytes that are not LZ4 at all, and a length beyond the bound, are misses too.
         for junk in [
             &b"\x05\x00\x00\x00zz"[..],
             &b"\xff\xff\xff\x7f{}"[..],
             b"{}",
         ] {
-            s.inner
-                .write()
-                .unwrap()
-                .objects
-                .entry("ns".into())
-                .or_default()
-                .insert(
-                    "a-2".into(),
-                    Entry {
-                        labels: Box::new([None, None]),
-                        json: junk.to_vec().into_boxed_slice(),
-                    },
-                );
+            put(
+                "a-2",
+                Entry {
+                    labels: Box::new([None, None]),
+                    json: junk.to_vec().into_boxed_slice(),
+                },
+            );
             assert!(s.get("a-2").is_none(), "{junk:?}");
         }
         assert!(s.get("a-1").is_none());

@@ -2526,6 +2526,24 @@ fn requests_and_passes(text: &str) -> (std::collections::BTreeMap<String, u64>, 
     (requests, cached, fresh)
 }
 
+/// Waits (at most 30 s) until `n` more cached passes than `cached_before` are counted, then
+/// 3 s more, so whatever else their events cause has had time to be sent; returns that scrape.
+async fn after_cached_passes(cached_before: u64, n: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let text = scrape().await;
+        if requests_and_passes(&text).1 >= cached_before + n {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            return scrape().await;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} idle reconciles were not decided from the caches within 30 s:\n{text}"
+        );
+    }
+}
+
 /// Scrapes until two scrapes 3 s apart show the same requests (Lease aside): the operator
 /// is at rest. Returns the second scrape.
 async fn at_rest() -> String {
@@ -2582,20 +2600,7 @@ async fn a_settled_fleet_is_reconciled_from_the_caches_without_a_request() {
         )
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let after = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let text = scrape().await;
-        if requests_and_passes(&text).1 >= cached_before + 3 {
-            // Whatever else those events cause has had time to be sent.
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            break scrape().await;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "three idle reconciles were not decided from the caches within 30 s:\n{text}"
-        );
-    };
+    let after = after_cached_passes(cached_before, 3).await;
     let (requests_after, cached_after, fresh_after) = requests_and_passes(&after);
     assert_eq!(
         requests_after, requests_before,
@@ -2887,19 +2892,7 @@ async fn cluster_wide_watches_serve_fleets_in_several_namespaces() {
         .await
         .unwrap();
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let after = loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let text = scrape().await;
-        if requests_and_passes(&text).1 >= cached_before + 2 {
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            break scrape().await;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "two idle reconciles were not decided from the shared caches within 30 s:\n{text}"
-        );
-    };
+    let after = after_cached_passes(cached_before, 2).await;
     let (requests_after, _, fresh_after) = requests_and_passes(&after);
     assert_eq!(
         requests_after, requests_before,
