@@ -207,6 +207,7 @@ async fn reconcile_fleet(
                 reconcile::PassKind::Cached => "cached",
                 reconcile::PassKind::Status => "status",
                 reconcile::PassKind::Fresh => "fresh",
+                reconcile::PassKind::Stale => "stale",
             }
             .into(),
         })
@@ -494,6 +495,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         foreign_reported: Default::default(),
         fresh_reads: args.test_fresh_reads,
         reconciled: Default::default(),
+        own_writes: Default::default(),
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

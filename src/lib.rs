@@ -12,6 +12,7 @@ pub mod journal_store;
 pub mod leader;
 pub mod member;
 pub mod metrics;
+pub mod own_writes;
 pub mod pass;
 pub mod pass_reads;
 pub mod reconcile;

@@ -324,7 +324,7 @@ impl Metrics {
         );
         r.register(
             "celld_operator_reconcile_passes",
-            "reconciles by the pass that decided them: cached (zero requests) or fresh (read from the API server)",
+            "reconciles by the pass that decided them: cached (zero requests), status (a cached pass that sent only the status), fresh (read from the API server) or stale (the cached fleet is older than this process's own write to it; left to that write's watch event, zero requests)",
             m.passes.clone(),
         );
         r.register(

@@ -36,6 +36,10 @@ pub struct Escalation {
     /// The pass sent its one permitted request: the fleet's status, guarded by the cached
     /// fleet's resourceVersion (`reconcile::reconcile_pass`).
     status_sent: std::sync::atomic::AtomicBool,
+    /// The pass read a copy that this process's own write has replaced
+    /// (`crate::own_writes`): what is left of the window. The reconcile then decides nothing
+    /// and runs no fresh pass.
+    stale: Mutex<Option<std::time::Duration>>,
 }
 
 impl Escalation {
@@ -62,6 +66,22 @@ impl Escalation {
     pub fn status_sent(&self) {
         self.status_sent
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Ends the pass on a copy older than this process's own write, `left` of the window to
+    /// go (the first such copy is kept, as the escalation cause `own write not yet seen`).
+    pub fn stale_copy(&self, what: &str, left: std::time::Duration) {
+        if let Ok(mut s) = self.stale.lock() {
+            if s.is_none() && !self.escalated() {
+                *s = Some(left);
+            }
+        }
+        self.escalate(|| format!("own write not yet seen ({what})"));
+    }
+
+    /// The pass ended on a copy older than this process's own write: what is left of the window.
+    pub fn stale_for(&self) -> Option<std::time::Duration> {
+        self.stale.lock().ok().and_then(|s| *s)
     }
 
     /// Whether the pass sent the fleet's status.

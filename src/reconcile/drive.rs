@@ -505,7 +505,7 @@ pub(crate) async fn fence_workload(
     }
     live.set_fence(&format!("{id}/fenced"));
     run.ctx.check_lease();
-    match workload::replace(&run.client, &run.ns, &live).await {
+    match run.replace_workload(&live).await {
         Ok(_) => {
             tracing::info!(fleet = %run.name, op = %id, "fenced the workload before closing the operation");
             Ok(Fence::Fenced)
@@ -773,7 +773,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     }
     live.set_marker(&marker);
     run.before_effect();
-    let written = match workload::replace(&client, &run.ns, &live).await {
+    let written = match run.replace_workload(&live).await {
         Ok(w) => w,
         // Never retried with a newer version: the next reconcile decides again.
         Err(kube::Error::Api(s)) if s.code == 409 => {

@@ -93,6 +93,9 @@ pub struct Ctx {
     /// Fleets (`ns/name`) this process has reconciled successfully and not since found gone
     /// (a gauge: start-up is done when it reaches the fleet count).
     pub reconciled: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The fleet versions this process's own writes replaced: a cached copy at one of them is
+    /// known stale ([`crate::own_writes`]).
+    pub own_writes: crate::own_writes::OwnWrites,
 }
 
 impl Ctx {
@@ -245,6 +248,16 @@ impl Run<'_> {
         if let Some(r) = &self.reads {
             r.forget_all();
         }
+    }
+
+    /// A write of this pass to the fleet, conditioned on resourceVersion `replaced`, succeeded
+    /// ([`crate::own_writes`]).
+    pub fn wrote_fleet(&self, replaced: Option<&str>) {
+        self.ctx.own_writes.replaced(
+            &format!("{}/{}", self.ns, self.name),
+            replaced,
+            std::time::Instant::now(),
+        );
     }
 
     /// A cached pass (reads from the stores, sends nothing).
@@ -512,6 +525,7 @@ impl Run<'_> {
             leader: self.ctx.leader.clone(),
             body,
         };
+        let replaced = self.fleet.metadata.resource_version.clone();
         let committed = journal_store::append(
             &self.api,
             &self.fleet,
@@ -522,6 +536,7 @@ impl Run<'_> {
             &remove,
         )
         .await?;
+        self.wrote_fleet(replaced.as_deref());
         tracing::info!(
             fleet = %format!("{}/{}", self.ns, self.name),
             op = %committed.entry.op(),
@@ -674,6 +689,41 @@ impl Run<'_> {
     }
 
     async fn workload_with(&self, reread: bool) -> Result<Option<workload::LiveWorkload>, Error> {
+        let live = self.workload_from(reread).await?;
+        // A cached pass does not plan from a copy this process's own write has replaced
+        // (`crate::own_writes`): the write's watch event brings the reconcile that does.
+        if let (Some(esc), Some(w)) = (crate::pass::cached(), &live) {
+            if let Some(left) = self.ctx.own_writes.outdates(
+                &crate::own_writes::workload_key(&self.ns, &self.name),
+                w.meta().resource_version.as_deref(),
+                std::time::Instant::now(),
+            ) {
+                esc.stale_copy("workload", left);
+                return Err(Error::Refused(
+                    "the cached workload is older than this process's own write".into(),
+                ));
+            }
+        }
+        Ok(live)
+    }
+
+    /// A full update of the workload carrying `live`'s resourceVersion (a conflict is a 409,
+    /// never retried here); on success that version is recorded as replaced
+    /// ([`crate::own_writes`]).
+    pub async fn replace_workload(
+        &self,
+        live: &workload::LiveWorkload,
+    ) -> Result<workload::LiveWorkload, kube::Error> {
+        let written = workload::replace(&self.client, &self.ns, live).await?;
+        self.ctx.own_writes.replaced(
+            &crate::own_writes::workload_key(&self.ns, &self.name),
+            live.meta().resource_version.as_deref(),
+            std::time::Instant::now(),
+        );
+        Ok(written)
+    }
+
+    async fn workload_from(&self, reread: bool) -> Result<Option<workload::LiveWorkload>, Error> {
         use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
         Ok(if crate::render::uses_statefulset(&self.fleet.spec) {
             let live = if reread {
@@ -755,6 +805,9 @@ pub enum PassKind {
     Status,
     /// Ran from fresh reads (after an escalated cached pass, or without one).
     Fresh,
+    /// Not run: the cached fleet is older than a write this process made to it, whose watch
+    /// event brings the next reconcile ([`crate::own_writes`]); zero requests.
+    Stale,
 }
 
 /// Reconciles one fleet; returns when to look again and which pass decided it.
@@ -771,6 +824,19 @@ pub async fn reconcile(
         (Some(_), Some(w)) if !ctx.fresh_reads => w.cache(ns),
         _ => None,
     };
+    // A copy this process's own write has replaced: the write's watch event brings the
+    // reconcile of the newer copy (the store holds it before the event triggers), so this one
+    // decides nothing. A later look backs that up should the event not come.
+    if let Some(fleet) = cached.filter(|_| !ctx.fresh_reads) {
+        if let Some(left) = ctx.own_writes.outdates(
+            &format!("{ns}/{name}"),
+            fleet.metadata.resource_version.as_deref(),
+            std::time::Instant::now(),
+        ) {
+            tracing::debug!(fleet = %format!("{ns}/{name}"), rv = ?fleet.metadata.resource_version, "cached fleet older than this process's own write; left to its watch event");
+            return (Ok(Next::After(left)), PassKind::Stale);
+        }
+    }
     if let (Some(fleet), Some(cache)) = (cached, cache) {
         let esc = std::sync::Arc::new(crate::pass::Escalation::default());
         let pass = Pass {
@@ -781,6 +847,10 @@ pub async fn reconcile(
             stores: None,
         };
         let result = crate::pass::scope(esc.clone(), reconcile_pass(ns, name, ctx, pass)).await;
+        if let Some(left) = esc.stale_for() {
+            tracing::debug!(fleet = %format!("{ns}/{name}"), "cached workload older than this process's own write; left to its watch event");
+            return (Ok(Next::After(left)), PassKind::Stale);
+        }
         match esc.cause() {
             None if esc.sent_status() => return (result, PassKind::Status),
             None => return (result, PassKind::Cached),
@@ -848,6 +918,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         if let Some(watch) = &ctx.watches {
             watch.forget(ns, name);
         }
+        ctx.own_writes.forget(ns, name);
         return Ok(Next::Later);
     };
     let uid = fleet.uid().unwrap_or_default();
@@ -947,7 +1018,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         }
         _ => None,
     };
-    let (status, persisted) = status::write(
+    let (status, stored) = status::write(
         status_api.as_ref().map_or(&run.api, |(_, api)| api),
         &run.fleet,
         (!run.journal_unusable).then_some(&run.journal),
@@ -962,7 +1033,10 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
             esc.status_sent();
         }
     }
-    if persisted {
+    if stored == status::Stored::Written {
+        run.wrote_fleet(run.fleet.metadata.resource_version.as_deref());
+    }
+    if stored.held() {
         // Announced only once the Blocked condition it reports is stored: a status write
         // that lost a race is redone (and announced) by the next reconcile, never twice.
         integrity::announce_blocked(&run, &old_status, &report).await;
@@ -1201,6 +1275,7 @@ mod pass_reads_tests {
             foreign_reported: Default::default(),
             fresh_reads: false,
             reconciled: Default::default(),
+            own_writes: Default::default(),
         }
     }
 
@@ -1319,5 +1394,90 @@ mod pass_reads_tests {
             ]
         );
         assert!(reads.reused() >= 4, "reused {}", reads.reused());
+    }
+
+    /// A cached copy at a resourceVersion this process's own write replaced is not planned
+    /// from (docs/design.md "A copy older than the process's own write").
+    #[tokio::test]
+    async fn a_copy_older_than_the_process_own_write_is_left_to_its_watch_event() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "ns");
+        let ctx = ctx(client.clone());
+        let run = Run {
+            ctx: &ctx,
+            client: client.clone(),
+            cache: None,
+            api: Api::namespaced(client, "ns"),
+            fleet: fleet(),
+            journal: Journal::new("u-1"),
+            now: Utc::now(),
+            ns: "ns".into(),
+            name: "f".into(),
+            uid: "u-1".into(),
+            journal_unusable: false,
+            requeue: None,
+            reads: None,
+            stores: None,
+        };
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            // The guarded write (answered at 13), then the stale copy (12, what it replaced),
+            // then the copy it wrote (13).
+            for answer_with in [sts("13"), sts("12"), sts("13")] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer(answer_with));
+            }
+            seen
+        });
+        let mut w: workload::LiveWorkload = workload::LiveWorkload::StatefulSet(Box::new(
+            serde_json::from_value(sts("12")).unwrap(),
+        ));
+        w.set_replicas(3);
+        run.replace_workload(&w).await.unwrap();
+        // A cached pass that gets the workload at 12 ends: decided nothing, no fresh pass.
+        let esc = Arc::new(crate::pass::Escalation::default());
+        let stale = crate::pass::scope(esc.clone(), run.workload()).await;
+        assert!(matches!(stale, Err(Error::Refused(_))), "{stale:?}");
+        let left = esc.stale_for().expect("the pass ended on a stale copy");
+        assert!(
+            left <= crate::own_writes::WINDOW && !left.is_zero(),
+            "{left:?}"
+        );
+        assert_eq!(
+            esc.cause().as_deref(),
+            Some("own write not yet seen (workload)")
+        );
+        // The copy the write produced is planned from.
+        let esc = Arc::new(crate::pass::Escalation::default());
+        let fresh = crate::pass::scope(esc.clone(), run.workload())
+            .await
+            .unwrap();
+        assert_eq!(
+            fresh
+                .and_then(|w| w.meta().resource_version.clone())
+                .as_deref(),
+            Some("13")
+        );
+        assert_eq!(esc.stale_for(), None);
+        assert_eq!(esc.cause(), None);
+        drop(run);
+        let seen = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .expect("every request was sent");
+        assert_eq!(seen[0], "PUT /apis/apps/v1/namespaces/ns/statefulsets/f");
+
+        // The fleet: a cached copy at the version an append replaced is not reconciled at
+        // all, and nothing is sent (the mock client has no server left: a request would fail).
+        ctx.own_writes
+            .replaced("ns/f", Some("1"), std::time::Instant::now());
+        let (next, pass) = reconcile("ns", "f", &ctx, Some(&fleet())).await;
+        assert!(matches!(pass, PassKind::Stale), "{pass:?}");
+        match next {
+            Ok(Next::After(d)) => assert!(d <= crate::own_writes::WINDOW && !d.is_zero()),
+            Ok(_) => panic!("not a requeue within the window"),
+            Err(e) => panic!("{e}"),
+        }
     }
 }

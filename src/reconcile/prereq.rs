@@ -188,11 +188,13 @@ async fn reservation(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
         // Carries the fleet's resourceVersion like every other write (a conflict just means
         // the next reconcile records it).
         let patch = json!({"metadata": {"resourceVersion": run.fleet.resource_version()}, "status": {"reservation": name}});
+        let replaced = run.fleet.metadata.resource_version.clone();
         run.fleet = run
             .api
             .patch_status(&run.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .ctx(|| "recording status.reservation".into())?;
+        run.wrote_fleet(replaced.as_deref());
     }
     Ok(None)
 }

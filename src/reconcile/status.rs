@@ -152,9 +152,27 @@ fn condition(
     }
 }
 
+/// What [`write`] did with the status it computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// The fleet already holds it: nothing was sent.
+    Unchanged,
+    /// Written, conditioned on the fleet's resourceVersion: that version is replaced.
+    Written,
+    /// The fleet moved on (409): the next reconcile writes it.
+    Conflict,
+}
+
+impl Stored {
+    /// The status is what the fleet now holds.
+    pub fn held(self) -> bool {
+        self != Stored::Conflict
+    }
+}
+
 /// Computes the status and writes it when it changed (merge patch carrying the fleet's
 /// resourceVersion; a conflict just means the next reconcile writes it). Returns the status
-/// and whether it is what the fleet now holds (false after a conflict). `journal: None`
+/// and what was done with it ([`Stored`]). `journal: None`
 /// means the journal cannot be used (damaged or missing): its projection keeps the last
 /// known values (current and recent operations, `lastRestartToken`, journal figures, the
 /// stall and size conditions), so nothing reading status (kubectl, dashboards) sees them
@@ -167,7 +185,7 @@ pub async fn write(
     pods: &[Pod],
     live: Option<&LiveWorkload>,
     report: &Report,
-) -> Result<(CelldFleetStatus, bool), Error> {
+) -> Result<(CelldFleetStatus, Stored), Error> {
     let old = fleet.status.clone().unwrap_or_default();
     let generation = fleet.metadata.generation;
     let uid = fleet.uid().unwrap_or_default();
@@ -434,7 +452,7 @@ pub async fn write(
     };
     st.conditions = conditions;
     if st == old {
-        return Ok((st, true));
+        return Ok((st, Stored::Unchanged));
     }
     // A merge patch only removes keys it names as null: clear what the projection dropped.
     let mut status = serde_json::to_value(&st).unwrap_or_default();
@@ -455,8 +473,8 @@ pub async fn write(
         )
         .await
     {
-        Ok(_) => Ok((st, true)),
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok((st, false)),
+        Ok(_) => Ok((st, Stored::Written)),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok((st, Stored::Conflict)),
         Err(e) => Err(e).ctx(|| "writing status".into()),
     }
 }

@@ -46,7 +46,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 
 use super::drive::OpenOp;
-use super::workload::{self, LiveWorkload};
+use super::workload::LiveWorkload;
 use super::{Error, KubeContext, Report, Run};
 use crate::api::keys::FLEET_UID_LABEL;
 use crate::api::{OnScaleIn, Profile};
@@ -886,7 +886,7 @@ async fn destroy(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     live.set_replicas(if step == Step::Stop { 0 } else { intent.to });
     live.set_marker(&marker);
     run.before_effect();
-    let written = match workload::replace(&run.client, &run.ns, &live).await {
+    let written = match run.replace_workload(&live).await {
         Ok(w) => w,
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(progress(o, "the workload changed; deciding again"))
@@ -1102,7 +1102,7 @@ async fn resume(run: &mut Run<'_>, o: &Operation) -> Result<Report, Error> {
     live.set_replicas(intent.from);
     live.set_marker(&marker);
     run.before_effect();
-    let written = match workload::replace(&run.client, &run.ns, &live).await {
+    let written = match run.replace_workload(&live).await {
         Ok(w) => w,
         Err(kube::Error::Api(s)) if s.code == 409 => {
             return Ok(progress(o, "the workload changed; deciding again"))

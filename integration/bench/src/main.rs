@@ -88,6 +88,12 @@ struct Args {
     /// Scale bed: operations per active fleet in each reaction measurement.
     #[arg(long, default_value_t = 3)]
     load_rounds: usize,
+    /// Scale bed: a third reaction measurement whose active fleets start their operations
+    /// one after another, evenly over this long, instead of all at once (e.g. 20s; 0s
+    /// skips it). Operations last longer than the spread, so as many fleets are active at
+    /// once; what goes is only that every one of them asked in the same instant.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    spread: Duration,
     /// Removed (RSS is now measured at every --fleets size, for each design); accepted and
     /// ignored so older command lines still run.
     #[arg(long, value_delimiter = ',', hide = true)]
@@ -334,6 +340,7 @@ async fn measure(
             batch: args.batch,
             active_fraction: args.active_fraction,
             rounds: args.load_rounds,
+            spread: args.spread,
             quiet: Duration::from_secs(5),
         };
         scale = Some(scale::run(bed, &cfg, operator_bin).await?);
@@ -389,6 +396,7 @@ fn options(args: &Args) -> BTreeMap<String, String> {
         ("batch", args.batch.to_string()),
         ("active_fraction", args.active_fraction.to_string()),
         ("load_rounds", args.load_rounds.to_string()),
+        ("spread", format!("{:?}", args.spread)),
         ("quiet", format!("{:?}", args.quiet)),
         ("nodes", args.nodes.to_string()),
         ("max_pods", args.max_pods.to_string()),

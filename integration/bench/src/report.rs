@@ -444,6 +444,16 @@ fn design_text(o: &mut String, d: &DesignResult) {
             opt(f.p99_with_ms)
         );
     }
+    if let Some(r) = &d.spread {
+        reaction_text(
+            o,
+            &format!(
+                "starting one after another over {:.0} s instead of at once",
+                r.spread_ms as f64 / 1000.0
+            ),
+            r,
+        );
+    }
 }
 
 fn reaction_text(o: &mut String, title: &str, r: &Reaction) {

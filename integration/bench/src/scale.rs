@@ -165,6 +165,8 @@ pub struct ScaleConfig {
     pub active_fraction: f64,
     /// Operations per active fleet in each reaction measurement.
     pub rounds: usize,
+    /// The spread reaction: active fleets start evenly over this long (zero: not measured).
+    pub spread: Duration,
     /// How long the operator must be quiet (Lease and watch re-opens aside, no reconcile)
     /// before a window starts.
     pub quiet: Duration,
@@ -268,6 +270,10 @@ pub struct DesignResult {
     pub reaction: Reaction,
     /// The reaction again with a hot fleet present.
     pub fairness: Option<Fairness>,
+    /// The reaction again, the active fleets starting one after another over
+    /// `ScaleConfig::spread` instead of at once (`None`: not measured).
+    #[serde(serialize_with = "na")]
+    pub spread: Option<Reaction>,
 }
 
 /// From process start.
@@ -341,6 +347,8 @@ pub struct ReactionRow {
 pub struct Reaction {
     /// Active fleets (all at the same time).
     pub active_fleets: usize,
+    /// Their first operations started evenly over this many ms (0: all at once).
+    pub spread_ms: u64,
     /// Of which scaling `members → members+1 → members` per round.
     pub scaling: usize,
     /// Of which restarting by token per round.
@@ -521,7 +529,39 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             "reaction p99 with a hot fleet, ms",
             fair.and_then(|f| f.p99_with_ms),
         ),
+        (
+            "settled → next write p99 (all at once), ms",
+            settled_p99(&d.reaction),
+        ),
+        (
+            "spread starts: reaction p50, ms",
+            d.spread
+                .as_ref()
+                .and_then(|r| r.all_ms.as_ref())
+                .map(|s| s.median),
+        ),
+        (
+            "spread starts: reaction p99, ms",
+            d.spread
+                .as_ref()
+                .and_then(|r| r.all_ms.as_ref())
+                .map(|s| s.p99),
+        ),
+        (
+            "spread starts: settled → next write p99, ms",
+            d.spread.as_ref().and_then(settled_p99),
+        ),
     ]
+}
+
+/// p99 of the pod-ready (settled) → next workload write samples: the contraction queued
+/// during the growth.
+fn settled_p99(r: &Reaction) -> Option<f64> {
+    r.rows
+        .iter()
+        .find(|row| row.figure == CONTRACTION)
+        .and_then(|row| row.ms.as_ref())
+        .map(|s| s.p99)
 }
 
 fn ratios(designs: &[DesignResult]) -> Vec<Ratio> {
@@ -981,6 +1021,31 @@ async fn measure_design(
         summary_line(&reaction)
     ));
     let fairness = fairness(bed, cfg, board, active, size, design, &tag, &reaction).await?;
+    let spread = if cfg.spread.is_zero() {
+        None
+    } else {
+        progress(&format!(
+            "[scale] {size} fleets, {}: reaction again, the {k} fleets starting one after another over {:?}",
+            design.name(),
+            cfg.spread
+        ));
+        let r = react_spread(
+            bed,
+            cfg,
+            board,
+            active,
+            &format!("{tag}s"),
+            false,
+            cfg.spread,
+        )
+        .await?;
+        progress(&format!(
+            "[scale] {size} fleets, {}: spread reaction {}",
+            design.name(),
+            summary_line(&r)
+        ));
+        Some(r)
+    };
     bed.operator
         .as_mut()
         .context("no operator")?
@@ -1001,6 +1066,7 @@ async fn measure_design(
         watch_connections: after.watch_connections,
         reaction,
         fairness: Some(fairness),
+        spread,
     })
 }
 
@@ -1178,6 +1244,20 @@ async fn react(
     tag: &str,
     hot: bool,
 ) -> Result<Reaction> {
+    react_spread(bed, cfg, board, active, tag, hot, Duration::ZERO).await
+}
+
+/// [`react`], fleet `i` of the `k` active ones starting its first operation `spread × i / k`
+/// after the first.
+async fn react_spread(
+    bed: &Bed,
+    cfg: &ScaleConfig,
+    board: &Board,
+    active: &[FleetRef],
+    tag: &str,
+    hot: bool,
+    spread: Duration,
+) -> Result<Reaction> {
     let timelines = FleetTimelines::start(
         &bed.client,
         &active
@@ -1214,7 +1294,9 @@ async fn react(
     let started = Instant::now();
     let samples = futures::future::join_all(active.iter().enumerate().map(|(i, f)| {
         let timelines = &timelines;
+        let offset = spread.mul_f64(i as f64 / active.len().max(1) as f64);
         async move {
+            tokio::time::sleep(offset).await;
             let api = Api::<CelldFleet>::namespaced(bed.client.clone(), &f.ns);
             if i % 2 == 0 {
                 scale_rounds(&api, timelines, f, cfg.members, cfg.rounds).await
@@ -1255,6 +1337,7 @@ async fn react(
     };
     Ok(Reaction {
         active_fleets: active.len(),
+        spread_ms: spread.as_millis() as u64,
         scaling: active.len().div_ceil(2),
         restarting: active.len() / 2,
         rounds: cfg.rounds,
