@@ -89,10 +89,11 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     load_rounds: usize,
     /// Scale bed: a third reaction measurement whose active fleets start their operations
-    /// one after another, evenly over this long, instead of all at once (e.g. 20s; 0s
-    /// skips it). Operations last longer than the spread, so as many fleets are active at
-    /// once; what goes is only that every one of them asked in the same instant.
-    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    /// one after another, evenly over this long, instead of all at once (e.g. 10s; 0s
+    /// skips it). An operation lasts about as long as the default spread, so most of the
+    /// active fleets are in their operations at the same time (the report gives the peak
+    /// and the mean); what goes is only that every one of them asked in the same instant.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
     spread: Duration,
     /// Removed (RSS is now measured at every --fleets size, for each design); accepted and
     /// ignored so older command lines still run.

@@ -476,10 +476,12 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
     );
     let _ = writeln!(
         o,
-        "{pad}  meanwhile: a reconcile held a slot {} ms on average, {:.1} reconciles at once; mean request ms by verb: {}",
+        "{pad}  meanwhile: a reconcile held a slot {} ms on average, {:.1} reconciles at once; mean request ms by verb: {}; fleets in their operations at once: at most {}, {:.1} on average",
         opt(r.reconcile_ms_mean),
         r.slots_busy,
-        breakdown(&r.request_ms_by_verb, |_| true)
+        breakdown(&r.request_ms_by_verb, |_| true),
+        r.active_at_once_peak,
+        r.active_at_once_mean
     );
     let _ = writeln!(
         o,

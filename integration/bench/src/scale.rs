@@ -367,6 +367,11 @@ pub struct Reaction {
     pub timeouts: usize,
     /// Wall time of the measurement (s).
     pub seconds: f64,
+    /// Most fleets in their operations at the same time (from each fleet's first spec change
+    /// to its last operation settled).
+    pub active_at_once_peak: usize,
+    /// Fleets in their operations at the same time, on average over the measurement.
+    pub active_at_once_mean: f64,
     /// Operations completed (a scaling round is two: the growth and the contraction).
     pub operations: usize,
     /// Requests (whole operator, Lease excluded) per completed operation; with a hot fleet
@@ -552,6 +557,32 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             d.spread.as_ref().and_then(settled_p99),
         ),
     ]
+}
+
+/// The most intervals that overlap at one instant, and the mean overlap over the span from
+/// the first start to the last end.
+fn at_once(busy: &[(Instant, Instant)]) -> (usize, f64) {
+    let mut edges: Vec<(Instant, i32)> = busy
+        .iter()
+        .flat_map(|(from, to)| [(*from, 1), (*to, -1)])
+        .collect();
+    // At one instant an end goes before a start: touching intervals do not overlap.
+    edges.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let (mut now, mut peak) = (0i32, 0i32);
+    for (_, step) in &edges {
+        now += step;
+        peak = peak.max(now);
+    }
+    let span = match (edges.first(), edges.last()) {
+        (Some(first), Some(last)) => last.0.duration_since(first.0).as_secs_f64(),
+        _ => 0.0,
+    };
+    let busy_s: f64 = busy
+        .iter()
+        .map(|(from, to)| to.duration_since(*from).as_secs_f64())
+        .sum();
+    let mean = if span > 0.0 { busy_s / span } else { 0.0 };
+    (peak.max(0) as usize, mean)
 }
 
 /// p99 of the pod-ready (settled) → next workload write samples: the contraction queued
@@ -1297,15 +1328,19 @@ async fn react_spread(
         let offset = spread.mul_f64(i as f64 / active.len().max(1) as f64);
         async move {
             tokio::time::sleep(offset).await;
+            let from = Instant::now();
             let api = Api::<CelldFleet>::namespaced(bed.client.clone(), &f.ns);
-            if i % 2 == 0 {
+            let samples = if i % 2 == 0 {
                 scale_rounds(&api, timelines, f, cfg.members, cfg.rounds).await
             } else {
                 restart_rounds(&api, timelines, f, cfg.members, cfg.rounds, tag).await
-            }
+            };
+            (samples, (from, Instant::now()))
         }
     }))
     .await;
+    let (samples, busy): (Vec<Samples>, Vec<(Instant, Instant)>) = samples.into_iter().unzip();
+    let (at_once_peak, at_once_mean) = at_once(&busy);
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after = bed.operator().cpu_seconds().ok();
     let after = bed.metrics.snapshot().await?;
@@ -1338,6 +1373,8 @@ async fn react_spread(
     Ok(Reaction {
         active_fleets: active.len(),
         spread_ms: spread.as_millis() as u64,
+        active_at_once_peak: at_once_peak,
+        active_at_once_mean: at_once_mean,
         scaling: active.len().div_ceil(2),
         restarting: active.len() / 2,
         rounds: cfg.rounds,
@@ -1631,6 +1668,24 @@ async fn remove_hot(bed: &Bed, api: &Api<CelldFleet>, ns: &str, name: &str) -> R
         .delete(ns, &DeleteParams::default())
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod at_once_tests {
+    use super::at_once;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn overlapping_intervals_are_counted_at_their_peak_and_on_average() {
+        let t = Instant::now();
+        let s = |a: u64, b: u64| (t + Duration::from_secs(a), t + Duration::from_secs(b));
+        // 0–10, 2–6, 4–12, and 12–14 touching the third: at most 3 at once (4–6); 24 busy
+        // seconds over a 14 s span.
+        let (peak, mean) = at_once(&[s(0, 10), s(2, 6), s(4, 12), s(12, 14)]);
+        assert_eq!(peak, 3);
+        assert!((mean - 24.0 / 14.0).abs() < 1e-9, "{mean}");
+        assert_eq!(at_once(&[]), (0, 0.0));
+    }
 }
 
 #[cfg(test)]
