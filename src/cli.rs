@@ -148,6 +148,10 @@ pub struct RunArgs {
     /// can measure both in one run).
     #[arg(long, hide = true)]
     pub test_fresh_reads: bool,
+    /// Test clusters only: a fresh pass sends its planning reads one after another, as before
+    /// they were sent at once (`reconcile::prefetch`; the bench compares both side by side).
+    #[arg(long, hide = true)]
+    pub test_no_prefetch: bool,
     /// Test clusters only: objects per page of a cluster-wide watch's list instead of
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -329,6 +333,7 @@ impl RunArgs {
             (self.test_api_fault.is_some(), "--test-api-fault"),
             (self.test_skip_lease_guard, "--test-skip-lease-guard"),
             (self.test_fresh_reads, "--test-fresh-reads"),
+            (self.test_no_prefetch, "--test-no-prefetch"),
             (
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",

@@ -96,6 +96,9 @@ pub struct Ctx {
     /// The fleet versions this process's own writes replaced: a cached copy at one of them is
     /// known stale ([`crate::own_writes`]).
     pub own_writes: crate::own_writes::OwnWrites,
+    /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
+    /// turns it off.
+    pub prefetch: bool,
 }
 
 impl Ctx {
@@ -355,13 +358,21 @@ impl Run<'_> {
                 return Ok(true);
             }
         }
-        Ok(
-            Api::<ServiceAccount>::namespaced(self.client.clone(), &self.ns)
-                .get_opt(name)
-                .await
-                .ctx(|| "get serviceaccounts".into())?
-                .is_some(),
-        )
+        // In a fresh pass a planning read ([`Run::get_opt`]): the gate and the check before
+        // an operation in the same pass, with no write between them, share one GET.
+        let key = format!("ServiceAccount/{name}");
+        if let Some(kept) = self.reads.as_ref().and_then(|r| r.get::<bool>(&key)) {
+            return Ok(kept);
+        }
+        let exists = Api::<ServiceAccount>::namespaced(self.client.clone(), &self.ns)
+            .get_opt(name)
+            .await
+            .ctx(|| "get serviceaccounts".into())?
+            .is_some();
+        if let Some(reads) = &self.reads {
+            reads.put(key, exists);
+        }
+        Ok(exists)
     }
 
     /// StorageClass `name`: from the cache in a cached pass when it holds it, else a fresh GET.
@@ -378,10 +389,23 @@ impl Run<'_> {
                 return Ok(Some((*sc).clone()));
             }
         }
-        Api::<StorageClass>::all(self.client.clone())
+        // A planning read in a fresh pass, as the ServiceAccount's.
+        let key = format!("StorageClass/{name}");
+        if let Some(kept) = self
+            .reads
+            .as_ref()
+            .and_then(|r| r.get::<Option<StorageClass>>(&key))
+        {
+            return Ok(kept);
+        }
+        let found = Api::<StorageClass>::all(self.client.clone())
             .get_opt(name)
             .await
-            .ctx(|| "get storageclasses".into())
+            .ctx(|| "get storageclasses".into())?;
+        if let Some(reads) = &self.reads {
+            reads.put(key, found.clone());
+        }
+        Ok(found)
     }
 
     /// Reservation `name`: from the cache in a cached pass when it holds it, else a fresh GET.
@@ -1164,6 +1188,7 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     }
     // 7. Finalizer.
     prereq::ensure_finalizer(run).await?;
+    prefetch(run).await;
     // 8. Gates.
     if let Some(report) = prereq::gates(run).await? {
         return Ok(report);
@@ -1228,6 +1253,43 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
     drive::plan_and_open(run).await
 }
 
+/// Sends at once the planning reads a fresh pass's steps make one after another (docs/design.md
+/// "Reads of a fresh pass"): the workload, the member Pods and, with no operation open, the
+/// ServiceAccount, the StorageClass and (PersistentFleet) the claims at the member names the
+/// gates and the planner look at. Each answer is kept in
+/// the pass's record, where the steps find it, so what they read and decide is unchanged; only
+/// the waiting is shared. An error is not kept: the step that needs the read sends it again and
+/// handles the error as before. Not in a cached pass, with `--test-fresh-reads` (no record) or
+/// with `--test-no-prefetch`.
+async fn prefetch(run: &Run<'_>) {
+    if !run.ctx.prefetch || run.reads.is_none() || run.is_cached() {
+        return;
+    }
+    let spec = &run.fleet.spec;
+    let persistent = spec.profile == crate::api::Profile::PersistentFleet;
+    // With no operation open the pass goes on to the gates and the planner.
+    let idle = run.journal.fold().current().is_none();
+    let claims: Vec<i32> = if persistent && idle {
+        (0..spec.replicas.max(0)).collect()
+    } else {
+        Vec::new()
+    };
+    let class = spec.storage.storage_class_name.clone().unwrap_or_default();
+    let _ = futures::join!(
+        run.workload(),
+        run.pods(),
+        futures::future::join_all(claims.iter().map(|i| run.claim_at(*i))),
+        async {
+            if idle {
+                let _ = run.service_account_exists(&spec.service_account_name).await;
+                if persistent {
+                    let _ = run.storage_class(&class).await;
+                }
+            }
+        }
+    );
+}
+
 /// Requeue delays.
 pub const SOON: Duration = Duration::from_secs(2);
 /// Slow resync.
@@ -1276,6 +1338,7 @@ mod pass_reads_tests {
             fresh_reads: false,
             reconciled: Default::default(),
             own_writes: Default::default(),
+            prefetch: true,
         }
     }
 
@@ -1394,6 +1457,114 @@ mod pass_reads_tests {
             ]
         );
         assert!(reads.reused() >= 4, "reused {}", reads.reused());
+    }
+
+    /// The planning reads of a fresh pass go out at once, and the steps find them kept.
+    #[tokio::test]
+    async fn a_fresh_pass_sends_its_planning_reads_at_once_and_finds_them_kept() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let reads = Arc::new(crate::pass_reads::PassReads::default());
+        let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
+        let ctx = ctx(inner);
+        let mut f = fleet();
+        f.spec.storage.storage_class_name = Some("sc".into());
+        let run = Run {
+            ctx: &ctx,
+            client: client.clone(),
+            cache: None,
+            api: Api::namespaced(client, "ns"),
+            fleet: f,
+            journal: Journal::new("u-1"),
+            now: Utc::now(),
+            ns: "ns".into(),
+            name: "f".into(),
+            uid: "u-1".into(),
+            journal_unusable: false,
+            requeue: None,
+            reads: Some(reads.clone()),
+            stores: None,
+        };
+        let claim = |i: i32| crate::render::claim_name("f", i);
+        let (c0, c1) = (claim(0), claim(1));
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..6 {
+                let (req, send) = handle.next_request().await.expect("a request");
+                let path = req.uri().path().to_string();
+                let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                let body = if path.ends_with("/statefulsets/f") {
+                    sts("10")
+                } else if path.ends_with("/pods") {
+                    serde_json::json!({"apiVersion": "v1", "kind": "PodList",
+                        "metadata": {"resourceVersion": "5"}, "items": [pod("f-0"), pod("f-1")]})
+                } else if path.contains("/persistentvolumeclaims/") {
+                    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": name, "namespace": "ns"}})
+                } else if path.ends_with("/serviceaccounts/celld") {
+                    serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": {"name": "celld", "namespace": "ns"}})
+                } else {
+                    serde_json::json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                        "metadata": {"name": name}, "provisioner": "hostpath.csi.k8s.io"})
+                };
+                seen.push(format!("{} {path}", req.method()));
+                send.send_response(answer(body));
+            }
+            seen
+        });
+        prefetch(&run).await;
+        // What the gates and the planner read next is answered from the record: a request
+        // now would find no server and fail.
+        assert!(run.workload().await.unwrap().is_some());
+        assert_eq!(run.pods().await.unwrap().len(), 2);
+        assert!(run.claim_at(0).await.unwrap().is_some());
+        assert!(run.claim_at(1).await.unwrap().is_some());
+        assert!(run.service_account_exists("celld").await.unwrap());
+        assert!(run.storage_class("sc").await.unwrap().is_some());
+        let mut seen = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .expect("every read was sent");
+        seen.sort();
+        let mut want = vec![
+            "GET /apis/apps/v1/namespaces/ns/statefulsets/f".to_string(),
+            "GET /api/v1/namespaces/ns/pods".into(),
+            format!("GET /api/v1/namespaces/ns/persistentvolumeclaims/{c0}"),
+            format!("GET /api/v1/namespaces/ns/persistentvolumeclaims/{c1}"),
+            "GET /api/v1/namespaces/ns/serviceaccounts/celld".into(),
+            "GET /apis/storage.k8s.io/v1/storageclasses/sc".into(),
+        ];
+        want.sort();
+        assert_eq!(seen, want);
+        assert!(reads.reused() >= 6, "reused {}", reads.reused());
+        drop(run);
+
+        // `--test-no-prefetch`: nothing is sent (a request would wait for a server forever).
+        let (svc, _handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let mut ctx = ctx;
+        ctx.client = inner.clone();
+        ctx.prefetch = false;
+        let run = Run {
+            ctx: &ctx,
+            client: inner.clone(),
+            cache: None,
+            api: Api::namespaced(inner, "ns"),
+            fleet: fleet(),
+            journal: Journal::new("u-1"),
+            now: Utc::now(),
+            ns: "ns".into(),
+            name: "f".into(),
+            uid: "u-1".into(),
+            journal_unusable: false,
+            requeue: None,
+            reads: Some(Arc::new(crate::pass_reads::PassReads::default())),
+            stores: None,
+        };
+        tokio::time::timeout(Duration::from_secs(5), prefetch(&run))
+            .await
+            .expect("nothing sent");
     }
 
     /// A cached copy at a resourceVersion this process's own write replaced is not planned
