@@ -93,8 +93,8 @@ pub struct Ctx {
     /// Fleets (`ns/name`) this process has reconciled successfully and not since found gone
     /// (a gauge: start-up is done when it reaches the fleet count).
     pub reconciled: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// The fleet versions this process's own writes replaced: a cached copy at one of them is
-    /// known stale ([`crate::own_writes`]).
+    /// The fleet and workload versions this process's own writes replaced: a cached copy at
+    /// one of them is known stale ([`crate::own_writes`]).
     pub own_writes: crate::own_writes::OwnWrites,
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
