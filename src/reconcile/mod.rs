@@ -1354,6 +1354,31 @@ mod pass_reads_tests {
         .unwrap()
     }
 
+    /// A fresh pass's `Run` of fleet `ns/f` with `client`.
+    fn test_run<'a>(
+        ctx: &'a Ctx,
+        client: Client,
+        fleet: CelldFleet,
+        reads: Option<Arc<crate::pass_reads::PassReads>>,
+    ) -> Run<'a> {
+        Run {
+            ctx,
+            client: client.clone(),
+            cache: None,
+            api: Api::namespaced(client, "ns"),
+            fleet,
+            journal: Journal::new("u-1"),
+            now: Utc::now(),
+            ns: "ns".into(),
+            name: "f".into(),
+            uid: "u-1".into(),
+            journal_unusable: false,
+            requeue: None,
+            reads,
+            stores: None,
+        }
+    }
+
     fn answer(body: serde_json::Value) -> Response<Body> {
         Response::new(Body::from(body.to_string().into_bytes()))
     }
@@ -1375,22 +1400,7 @@ mod pass_reads_tests {
         let reads = Arc::new(crate::pass_reads::PassReads::default());
         let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
         let ctx = ctx(inner);
-        let run = Run {
-            ctx: &ctx,
-            client: client.clone(),
-            cache: None,
-            api: Api::namespaced(client, "ns"),
-            fleet: fleet(),
-            journal: Journal::new("u-1"),
-            now: Utc::now(),
-            ns: "ns".into(),
-            name: "f".into(),
-            uid: "u-1".into(),
-            journal_unusable: false,
-            requeue: None,
-            reads: Some(reads.clone()),
-            stores: None,
-        };
+        let run = test_run(&ctx, client, fleet(), Some(reads.clone()));
         // The API server's side: every request the pass sends, in order.
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
@@ -1469,22 +1479,7 @@ mod pass_reads_tests {
         let ctx = ctx(inner);
         let mut f = fleet();
         f.spec.storage.storage_class_name = Some("sc".into());
-        let run = Run {
-            ctx: &ctx,
-            client: client.clone(),
-            cache: None,
-            api: Api::namespaced(client, "ns"),
-            fleet: f,
-            journal: Journal::new("u-1"),
-            now: Utc::now(),
-            ns: "ns".into(),
-            name: "f".into(),
-            uid: "u-1".into(),
-            journal_unusable: false,
-            requeue: None,
-            reads: Some(reads.clone()),
-            stores: None,
-        };
+        let run = test_run(&ctx, client, f, Some(reads.clone()));
         let claim = |i: i32| crate::render::claim_name("f", i);
         let (c0, c1) = (claim(0), claim(1));
         let server = tokio::spawn(async move {
@@ -1546,22 +1541,12 @@ mod pass_reads_tests {
         let mut ctx = ctx;
         ctx.client = inner.clone();
         ctx.prefetch = false;
-        let run = Run {
-            ctx: &ctx,
-            client: inner.clone(),
-            cache: None,
-            api: Api::namespaced(inner, "ns"),
-            fleet: fleet(),
-            journal: Journal::new("u-1"),
-            now: Utc::now(),
-            ns: "ns".into(),
-            name: "f".into(),
-            uid: "u-1".into(),
-            journal_unusable: false,
-            requeue: None,
-            reads: Some(Arc::new(crate::pass_reads::PassReads::default())),
-            stores: None,
-        };
+        let run = test_run(
+            &ctx,
+            inner,
+            fleet(),
+            Some(Arc::new(crate::pass_reads::PassReads::default())),
+        );
         tokio::time::timeout(Duration::from_secs(5), prefetch(&run))
             .await
             .expect("nothing sent");
@@ -1574,22 +1559,7 @@ mod pass_reads_tests {
         let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(svc, "ns");
         let ctx = ctx(client.clone());
-        let run = Run {
-            ctx: &ctx,
-            client: client.clone(),
-            cache: None,
-            api: Api::namespaced(client, "ns"),
-            fleet: fleet(),
-            journal: Journal::new("u-1"),
-            now: Utc::now(),
-            ns: "ns".into(),
-            name: "f".into(),
-            uid: "u-1".into(),
-            journal_unusable: false,
-            requeue: None,
-            reads: None,
-            stores: None,
-        };
+        let run = test_run(&ctx, client, fleet(), None);
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
             // The guarded write (answered at 13), then the stale copy (12, what it replaced),

@@ -1045,7 +1045,16 @@ async fn measure_design(
         k / 2,
         cfg.rounds
     ));
-    let reaction = react(bed, cfg, board, active, &format!("{tag}r"), false).await?;
+    let reaction = react(
+        bed,
+        cfg,
+        board,
+        active,
+        &format!("{tag}r"),
+        false,
+        Duration::ZERO,
+    )
+    .await?;
     progress(&format!(
         "[scale] {size} fleets, {}: reaction {}",
         design.name(),
@@ -1060,7 +1069,7 @@ async fn measure_design(
             design.name(),
             cfg.spread
         ));
-        let r = react_spread(
+        let r = react(
             bed,
             cfg,
             board,
@@ -1266,21 +1275,9 @@ const RESTART: &str = "fleet restart token → workload template written (rollin
 
 /// The reaction under load: every active fleet runs `cfg.rounds` operations at the same time
 /// (even positions scale `members → members+1 → members`, odd ones restart by token), timed
-/// through the bench's own watches.
+/// through the bench's own watches; fleet `i` of the `k` active ones starts its first operation
+/// `spread × i / k` after the first (zero: all at once).
 async fn react(
-    bed: &Bed,
-    cfg: &ScaleConfig,
-    board: &Board,
-    active: &[FleetRef],
-    tag: &str,
-    hot: bool,
-) -> Result<Reaction> {
-    react_spread(bed, cfg, board, active, tag, hot, Duration::ZERO).await
-}
-
-/// [`react`], fleet `i` of the `k` active ones starting its first operation `spread × i / k`
-/// after the first.
-async fn react_spread(
     bed: &Bed,
     cfg: &ScaleConfig,
     board: &Board,
@@ -1623,7 +1620,16 @@ async fn fairness(
         "[scale] {size} fleets, {}: hot fleet {ns}/{name} upgrading to an unpullable image; reaction again",
         design.name()
     ));
-    let with_hot = react(bed, cfg, board, active, &format!("{tag}h"), true).await?;
+    let with_hot = react(
+        bed,
+        cfg,
+        board,
+        active,
+        &format!("{tag}h"),
+        true,
+        Duration::ZERO,
+    )
+    .await?;
     progress(&format!(
         "[scale] {size} fleets, {}: reaction with the hot fleet {}",
         design.name(),
