@@ -171,6 +171,11 @@ pub struct RunArgs {
     /// of other namespaces are dropped as they arrive.
     #[arg(long, value_enum, default_value = "namespace")]
     pub watch_scope: crate::watches::WatchScope,
+    /// A status change that is progress only (member counts, condition messages) is written
+    /// at most once per this interval per fleet, and at the latest when it ends; every other
+    /// change is written at once. 0s..10s; 0s writes every change at once.
+    #[arg(long, default_value = "1s", value_parser = parse_status_progress_interval)]
+    pub status_progress_interval: Duration,
     /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,
@@ -253,6 +258,18 @@ pub fn parse_replacement_delay(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d < Duration::from_secs(60) {
         return Err(format!("{s} is below the minimum of 1m"));
+    }
+    Ok(d)
+}
+
+fn parse_status_progress_interval(s: &str) -> Result<Duration, String> {
+    let d = if s == "0" {
+        Duration::ZERO
+    } else {
+        parse_duration(s)?
+    };
+    if d > Duration::from_secs(10) {
+        return Err(format!("{s} is above the maximum of 10s"));
     }
     Ok(d)
 }
@@ -692,6 +709,31 @@ mod tests {
             };
             assert!(run.check().is_err(), "{bad} is refused");
         }
+    }
+
+    #[test]
+    fn status_progress_interval_defaults_to_one_second_and_is_bounded() {
+        let interval = |args: &[&str]| match parse(args).map(|c| c.command) {
+            Ok(Command::Run(run)) => Ok(run.status_progress_interval),
+            Ok(_) => panic!("expected run"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(interval(&["run"]), Ok(Duration::from_secs(1)));
+        assert_eq!(
+            interval(&["run", "--status-progress-interval=0"]),
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(
+            interval(&["run", "--status-progress-interval=0s"]),
+            Ok(Duration::ZERO)
+        );
+        assert_eq!(
+            interval(&["run", "--status-progress-interval=10s"]),
+            Ok(Duration::from_secs(10))
+        );
+        let err = interval(&["run", "--status-progress-interval=11s"]).unwrap_err();
+        assert!(err.contains("maximum of 10s"), "{err}");
+        assert!(interval(&["run", "--status-progress-interval=500ms"]).is_err());
     }
 
     #[test]

@@ -496,6 +496,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         fresh_reads: args.test_fresh_reads,
         reconciled: Default::default(),
         own_writes: Default::default(),
+        status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
         prefetch: !args.test_no_prefetch,
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),

@@ -137,6 +137,8 @@ pub struct Metrics {
     pub passes: Family<PassLabels, Counter<u64, AtomicU64>>,
     /// Planning reads of fresh passes answered from the pass's own earlier reads.
     pub pass_reads_reused: Counter<u64, AtomicU64>,
+    /// Progress-only status changes left for the end of the fleet's pace interval.
+    pub status_deferred: Counter<u64, AtomicU64>,
     /// Cached passes that handed over to a fresh pass, by cause.
     pub escalations: Family<CauseLabels, Counter<u64, AtomicU64>>,
     /// Distinct fleets reconciled by this process.
@@ -196,6 +198,7 @@ impl Metrics {
             force_deletes: Family::default(),
             passes: Family::default(),
             pass_reads_reused: Counter::default(),
+            status_deferred: Counter::default(),
             escalations: Family::default(),
             fleets_reconciled: Gauge::default(),
             leader_ready_seconds: Gauge::default(),
@@ -331,6 +334,11 @@ impl Metrics {
             "celld_operator_pass_reads_reused",
             "planning reads of fresh passes answered from the same pass's earlier read (no write of the pass in between) instead of a request",
             m.pass_reads_reused.clone(),
+        );
+        r.register(
+            "celld_operator_status_writes_deferred",
+            "progress-only status changes (member counts, condition messages) left for the end of the fleet's --status-progress-interval",
+            m.status_deferred.clone(),
         );
         r.register(
             "celld_operator_cache_escalations",

@@ -39,6 +39,9 @@ reject "watchNamespacesPerConnection" --set-string watchNamespacesPerConnection=
 reject "watchScope" --set watchScope=everywhere
 reject "mallocArenas" --set mallocArenas=257
 reject "mallocArenas" --set mallocArenas=-1
+reject "statusProgressInterval" --set statusProgressInterval=11s
+reject "statusProgressInterval" --set statusProgressInterval=500ms
+reject "statusProgressInterval" --set statusProgressInterval=1m
 reject "annotationBytes" --set journal.annotationBytes=200000
 reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
 reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
@@ -48,6 +51,9 @@ accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
 accept --set watchNamespacesPerConnection=0 --set reconcileConcurrency=64
 accept --set mallocArenas=1
+accept --set statusProgressInterval=0s
+accept --set-string statusProgressInterval=0
+accept --set statusProgressInterval=10s
 accept --set watchScope=cluster
 accept --set memberReplacementDelay=2h
 accept --set memberReplacementDelay=1h5m

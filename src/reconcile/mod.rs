@@ -96,6 +96,9 @@ pub struct Ctx {
     /// The fleet and workload versions this process's own writes replaced: a cached copy at
     /// one of them is known stale ([`crate::own_writes`]).
     pub own_writes: crate::own_writes::OwnWrites,
+    /// When each fleet's status was last written: progress-only changes wait for the rest of
+    /// `--status-progress-interval` ([`crate::status_pace`]).
+    pub status_pace: crate::status_pace::StatusPace,
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
     pub prefetch: bool,
@@ -943,6 +946,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
             watch.forget(ns, name);
         }
         ctx.own_writes.forget(ns, name);
+        ctx.status_pace.forget(&format!("{ns}/{name}"));
         return Ok(Next::Later);
     };
     let uid = fleet.uid().unwrap_or_default();
@@ -1042,6 +1046,10 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         }
         _ => None,
     };
+    // Progress-only changes (member counts, condition messages) are written at a pace
+    // (`crate::status_pace`): within the interval after this fleet's last status write they
+    // wait, and the reconcile looks again when it ends.
+    let pace_key = format!("{ns}/{name}");
     let (status, stored) = status::write(
         status_api.as_ref().map_or(&run.api, |(_, api)| api),
         &run.fleet,
@@ -1050,15 +1058,24 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         &pods,
         live.as_ref(),
         &report,
+        ctx.status_pace.wait(&pace_key, std::time::Instant::now()),
     )
     .await?;
     if let Some((esc, _)) = &status_api {
-        if status != old_status {
+        if stored.sent() {
             esc.status_sent();
         }
     }
-    if stored == status::Stored::Written {
-        run.wrote_fleet(run.fleet.metadata.resource_version.as_deref());
+    match stored {
+        status::Stored::Written => {
+            run.wrote_fleet(run.fleet.metadata.resource_version.as_deref());
+            ctx.status_pace.wrote(&pace_key, std::time::Instant::now());
+        }
+        status::Stored::Deferred(wait) => {
+            ctx.metrics.status_deferred.inc();
+            run.requeue = Some(run.requeue.map_or(wait, |r| r.min(wait)));
+        }
+        _ => {}
     }
     if stored.held() {
         // Announced only once the Blocked condition it reports is stored: a status write
@@ -1338,6 +1355,7 @@ mod pass_reads_tests {
             fresh_reads: false,
             reconciled: Default::default(),
             own_writes: Default::default(),
+            status_pace: Default::default(),
             prefetch: true,
         }
     }
@@ -1620,5 +1638,84 @@ mod pass_reads_tests {
             Ok(_) => panic!("not a requeue within the window"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A progress-only status change (member counts, condition messages) waits for the rest
+    /// of the fleet's pace interval and sends nothing; any other change is written at once
+    /// (docs/design.md "Status writes at a pace").
+    #[tokio::test]
+    async fn a_progress_only_status_change_waits_for_the_pace_and_others_are_written_at_once() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(svc, "ns");
+        let api: Api<CelldFleet> = Api::namespaced(client, "ns");
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer(serde_json::to_value(fleet()).unwrap()));
+            }
+            seen
+        });
+        let ready = |name: &str, ok: bool| -> Pod {
+            let mut p: Pod = serde_json::from_value(pod(name)).unwrap();
+            p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+                conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                    type_: "Ready".into(),
+                    status: if ok { "True" } else { "False" }.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            });
+            p
+        };
+        let wait = Some(Duration::from_millis(700));
+        let progress = Report::progress("Adding member f-1".into());
+        let write = |fleet: CelldFleet, pods: Vec<Pod>, report: Report, wait| {
+            let api = api.clone();
+            async move {
+                status::write(
+                    &api,
+                    &fleet,
+                    None,
+                    Budget::default(),
+                    &pods,
+                    None,
+                    &report,
+                    wait,
+                )
+                .await
+                .unwrap()
+            }
+        };
+        // 1. No status yet: written although the pace says wait (not progress only).
+        let (first, stored) =
+            write(fleet(), vec![ready("f-0", true)], progress.clone(), wait).await;
+        assert_eq!(stored, status::Stored::Written);
+        let mut held = fleet();
+        held.status = Some(first.clone());
+        // 2. One more member, joining: progress only, so it waits and nothing is sent.
+        let two = vec![ready("f-0", true), ready("f-1", false)];
+        let (second, stored) = write(held.clone(), two.clone(), progress.clone(), wait).await;
+        assert_eq!(stored, status::Stored::Deferred(Duration::from_millis(700)));
+        assert!(status::progress_only(&first, &second));
+        assert_eq!(second.joining_replicas, Some(1));
+        // 3. The same change once the interval has passed: written.
+        let (_, stored) = write(held.clone(), two.clone(), progress.clone(), None).await;
+        assert_eq!(stored, status::Stored::Written);
+        // 4. A condition that changes status (Blocked) is written within the interval.
+        let blocked = Report::blocked(&reasons::INVALID_CONFIGURATION, "bad".into());
+        let (third, stored) = write(held, two, blocked, wait).await;
+        assert_eq!(stored, status::Stored::Written);
+        assert!(!status::progress_only(&first, &third));
+        drop(api);
+        let seen = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .expect("every request was sent");
+        assert_eq!(
+            seen,
+            vec!["PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f/status"; 3]
+        );
     }
 }

@@ -161,18 +161,48 @@ pub enum Stored {
     Written,
     /// The fleet moved on (409): the next reconcile writes it.
     Conflict,
+    /// A progress-only change within the pace interval (`crate::status_pace`): nothing was
+    /// sent; the reconcile looks again after this long and writes it then.
+    Deferred(std::time::Duration),
 }
 
 impl Stored {
     /// The status is what the fleet now holds.
     pub fn held(self) -> bool {
-        self != Stored::Conflict
+        matches!(self, Stored::Unchanged | Stored::Written)
+    }
+
+    /// A request was sent (written or answered 409).
+    pub fn sent(self) -> bool {
+        matches!(self, Stored::Written | Stored::Conflict)
     }
 }
 
+/// Whether `new` differs from `old` only in progress: the member counts (`replicas`,
+/// `observedReplicas`, `joiningReplicas`, `terminatingReplicas`, `readyReplicas`) and the
+/// conditions' messages. A condition's status, reason or transition, the operation, the
+/// journal figures, the generation: anything else is not progress only
+/// (`crate::status_pace`).
+pub fn progress_only(old: &CelldFleetStatus, new: &CelldFleetStatus) -> bool {
+    let without_progress = |s: &CelldFleetStatus| {
+        let mut s = s.clone();
+        s.replicas = 0;
+        s.observed_replicas = None;
+        s.joining_replicas = None;
+        s.terminating_replicas = None;
+        s.ready_replicas = None;
+        for c in &mut s.conditions {
+            c.message.clear();
+        }
+        s
+    };
+    without_progress(old) == without_progress(new)
+}
+
 /// Computes the status and writes it when it changed (merge patch carrying the fleet's
-/// resourceVersion; a conflict just means the next reconcile writes it). Returns the status
-/// and what was done with it ([`Stored`]). `journal: None`
+/// resourceVersion; a conflict just means the next reconcile writes it). A change that is
+/// [`progress_only`] is not sent while `progress_wait` is `Some` (the rest of the fleet's pace
+/// interval): [`Stored::Deferred`]. Returns the status and what was done with it ([`Stored`]). `journal: None`
 /// means the journal cannot be used (damaged or missing): its projection keeps the last
 /// known values (current and recent operations, `lastRestartToken`, journal figures, the
 /// stall and size conditions), so nothing reading status (kubectl, dashboards) sees them
@@ -185,6 +215,7 @@ pub async fn write(
     pods: &[Pod],
     live: Option<&LiveWorkload>,
     report: &Report,
+    progress_wait: Option<std::time::Duration>,
 ) -> Result<(CelldFleetStatus, Stored), Error> {
     let old = fleet.status.clone().unwrap_or_default();
     let generation = fleet.metadata.generation;
@@ -453,6 +484,9 @@ pub async fn write(
     st.conditions = conditions;
     if st == old {
         return Ok((st, Stored::Unchanged));
+    }
+    if let Some(wait) = progress_wait.filter(|_| progress_only(&old, &st)) {
+        return Ok((st, Stored::Deferred(wait)));
     }
     // A merge patch only removes keys it names as null: clear what the projection dropped.
     let mut status = serde_json::to_value(&st).unwrap_or_default();
