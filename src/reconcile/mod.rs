@@ -1053,11 +1053,13 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
     let (status, stored) = status::write(
         status_api.as_ref().map_or(&run.api, |(_, api)| api),
         &run.fleet,
-        (!run.journal_unusable).then_some(&run.journal),
-        run.ctx.budget,
-        &pods,
-        live.as_ref(),
-        &report,
+        &status::Seen {
+            journal: (!run.journal_unusable).then_some(&run.journal),
+            budget: run.ctx.budget,
+            pods: &pods,
+            live: live.as_ref(),
+            report: &report,
+        },
         ctx.status_pace.wait(&pace_key, std::time::Instant::now()),
     )
     .await?;
@@ -1674,18 +1676,14 @@ mod pass_reads_tests {
         let write = |fleet: CelldFleet, pods: Vec<Pod>, report: Report, wait| {
             let api = api.clone();
             async move {
-                status::write(
-                    &api,
-                    &fleet,
-                    None,
-                    Budget::default(),
-                    &pods,
-                    None,
-                    &report,
-                    wait,
-                )
-                .await
-                .unwrap()
+                let seen = status::Seen {
+                    journal: None,
+                    budget: Budget::default(),
+                    pods: &pods,
+                    live: None,
+                    report: &report,
+                };
+                status::write(&api, &fleet, &seen, wait).await.unwrap()
             }
         };
         // 1. No status yet: written although the pace says wait (not progress only).

@@ -178,6 +178,17 @@ impl Stored {
     }
 }
 
+/// What a status is computed from besides the fleet: its journal (`None`: cannot be used),
+/// the journal's byte budget, the member Pods, the workload and the reconcile's report.
+#[derive(Clone, Copy)]
+pub struct Seen<'a> {
+    pub journal: Option<&'a Journal>,
+    pub budget: Budget,
+    pub pods: &'a [Pod],
+    pub live: Option<&'a LiveWorkload>,
+    pub report: &'a Report,
+}
+
 /// Whether `new` differs from `old` only in progress: the member counts (`replicas`,
 /// `observedReplicas`, `joiningReplicas`, `terminatingReplicas`, `readyReplicas`) and the
 /// conditions' messages. A condition's status, reason or transition, the operation, the
@@ -210,13 +221,16 @@ pub fn progress_only(old: &CelldFleetStatus, new: &CelldFleetStatus) -> bool {
 pub async fn write(
     api: &Api<CelldFleet>,
     fleet: &CelldFleet,
-    journal: Option<&Journal>,
-    budget: Budget,
-    pods: &[Pod],
-    live: Option<&LiveWorkload>,
-    report: &Report,
+    seen: &Seen<'_>,
     progress_wait: Option<std::time::Duration>,
 ) -> Result<(CelldFleetStatus, Stored), Error> {
+    let Seen {
+        journal,
+        budget,
+        pods,
+        live,
+        report,
+    } = *seen;
     let old = fleet.status.clone().unwrap_or_default();
     let generation = fleet.metadata.generation;
     let uid = fleet.uid().unwrap_or_default();
