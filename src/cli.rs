@@ -582,13 +582,18 @@ mod tests {
         assert_eq!(run.member_replacement_delay, Duration::from_secs(5400));
     }
 
-    #[test]
-    fn malloc_arenas_default_to_glibcs_and_are_bounded() {
-        let arenas = |args: &[&str]| match parse(args).map(|c| c.command) {
-            Ok(Command::Run(run)) => Ok(run.malloc_arenas),
+    /// The `run` arguments `args` parse to, or clap's message.
+    fn run_args(args: &[&str]) -> Result<RunArgs, String> {
+        match parse(args).map(|c| c.command) {
+            Ok(Command::Run(run)) => Ok(*run),
             Ok(_) => panic!("expected run"),
             Err(e) => Err(e.to_string()),
-        };
+        }
+    }
+
+    #[test]
+    fn malloc_arenas_default_to_glibcs_and_are_bounded() {
+        let arenas = |args: &[&str]| run_args(args).map(|run| run.malloc_arenas);
         assert_eq!(arenas(&["run"]), Ok(0));
         assert_eq!(arenas(&["run", "--malloc-arenas=1"]), Ok(1));
         assert_eq!(arenas(&["run", "--malloc-arenas", "256"]), Ok(256));
@@ -713,11 +718,7 @@ mod tests {
 
     #[test]
     fn status_progress_interval_defaults_to_one_second_and_is_bounded() {
-        let interval = |args: &[&str]| match parse(args).map(|c| c.command) {
-            Ok(Command::Run(run)) => Ok(run.status_progress_interval),
-            Ok(_) => panic!("expected run"),
-            Err(e) => Err(e.to_string()),
-        };
+        let interval = |args: &[&str]| run_args(args).map(|run| run.status_progress_interval);
         assert_eq!(interval(&["run"]), Ok(Duration::from_secs(1)));
         assert_eq!(
             interval(&["run", "--status-progress-interval=0"]),

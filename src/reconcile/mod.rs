@@ -1399,6 +1399,15 @@ mod pass_reads_tests {
         }
     }
 
+    /// What the mock server `server` saw, once every client is gone (within 10 s); `what`
+    /// names the requests expected (a server still waiting for one fails).
+    async fn served(server: tokio::task::JoinHandle<Vec<String>>, what: &str) -> Vec<String> {
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+    }
+
     fn answer(body: serde_json::Value) -> Response<Body> {
         Response::new(Body::from(body.to_string().into_bytes()))
     }
@@ -1470,10 +1479,11 @@ mod pass_reads_tests {
         // Every client gone: a server still waiting for a request fails instead of hanging.
         drop(run);
         drop(ctx);
-        let seen = tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the mock server finished")
-            .expect("every request the pass was expected to send was sent");
+        let seen = served(
+            server,
+            "every request the pass was expected to send was sent",
+        )
+        .await;
         assert_eq!(
             seen,
             [
@@ -1537,10 +1547,7 @@ mod pass_reads_tests {
         assert!(run.claim_at(1).await.unwrap().is_some());
         assert!(run.service_account_exists("celld").await.unwrap());
         assert!(run.storage_class("sc").await.unwrap().is_some());
-        let mut seen = tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the mock server finished")
-            .expect("every read was sent");
+        let mut seen = served(server, "every read was sent").await;
         seen.sort();
         let mut want = vec![
             "GET /apis/apps/v1/namespaces/ns/statefulsets/f".to_string(),
@@ -1623,10 +1630,7 @@ mod pass_reads_tests {
         assert_eq!(esc.stale_for(), None);
         assert_eq!(esc.cause(), None);
         drop(run);
-        let seen = tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the mock server finished")
-            .expect("every request was sent");
+        let seen = served(server, "every request was sent").await;
         assert_eq!(seen[0], "PUT /apis/apps/v1/namespaces/ns/statefulsets/f");
 
         // The fleet: a cached copy at the version an append replaced is not reconciled at
@@ -1707,10 +1711,7 @@ mod pass_reads_tests {
         assert_eq!(stored, status::Stored::Written);
         assert!(!status::progress_only(&first, &third));
         drop(api);
-        let seen = tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("the mock server finished")
-            .expect("every request was sent");
+        let seen = served(server, "every request was sent").await;
         assert_eq!(
             seen,
             vec!["PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f/status"; 3]
