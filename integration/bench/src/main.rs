@@ -68,7 +68,9 @@ struct Args {
     /// Scale bed: operator designs compared at each size, in this order (`cached`: the binary
     /// as built; `fresh`: with --test-fresh-reads). Operator flags or environment variables may
     /// follow a design, joined with `+`: `cached+--reconcile-concurrency=32` or
-    /// `cached+MALLOC_ARENA_MAX=2` measures a tuning side by side.
+    /// `cached+MALLOC_ARENA_MAX=2` measures a tuning side by side; `+bin:PATH` runs another
+    /// operator binary; `+pad:N` pads the design's active fleets with an N-byte annotation
+    /// before its reaction figures (the cost of a larger fleet object).
     #[arg(long, value_delimiter = ',', default_value = "cached,fresh", value_parser = scale::Design::parse)]
     designs: Vec<scale::Design>,
     /// Scale bed: length of each at-rest window, e.g. 605s, 10m5s or 90s. At least 10 min 2 s

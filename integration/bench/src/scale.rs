@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use celld_operator::api::keys::JOURNAL_ANNOTATION;
 use celld_operator::api::CelldFleet;
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -56,12 +57,16 @@ pub fn is_env(item: &str) -> bool {
 /// operator flags, environment variables or another operator binary joined with `+` (e.g.
 /// `cached+--reconcile-concurrency=32`, `cached+MALLOC_ARENA_MAX=2`,
 /// `cached+bin:/tmp/celld-operator-main`), so a tuning or a change is measured side by side
-/// with the defaults in the same run, on the same fleets.
+/// with the defaults in the same run, on the same bed. `+pad:N` is not the operator's: the
+/// bench adds an annotation of N bytes to the design's active fleets before its reaction
+/// figures, so the cost of a larger fleet object (a journal near its budget) is measured with
+/// the same journal history.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Design {
     base: Base,
     extra: Vec<String>,
     binary: Option<std::path::PathBuf>,
+    padding: usize,
     name: String,
 }
 
@@ -87,6 +92,11 @@ impl Design {
         self.binary.as_deref()
     }
 
+    /// Bytes of padding annotation on the design's active fleets (`+pad:N`; 0: none).
+    pub fn padding(&self) -> usize {
+        self.padding
+    }
+
     /// A short tag for namespace names: the base's initial, then the last alphanumerics of
     /// the extra items (`c`, `f`, `crrency32`).
     pub fn tag(&self) -> String {
@@ -95,11 +105,17 @@ impl Design {
             .as_ref()
             .map(|b| b.display().to_string())
             .unwrap_or_default();
+        let pad = if self.padding > 0 {
+            format!("p{}", self.padding)
+        } else {
+            String::new()
+        };
         let extra: Vec<char> = self
             .extra
             .concat()
             .chars()
             .chain(binary.chars())
+            .chain(pad.chars())
             .filter(char::is_ascii_alphanumeric)
             .map(|c| c.to_ascii_lowercase())
             .collect();
@@ -107,8 +123,8 @@ impl Design {
         format!("{}{tail}", &self.name[..1])
     }
 
-    /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]`, `+NAME=value` and
-    /// `+bin:PATH` segments.
+    /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]`, `+NAME=value`,
+    /// `+bin:PATH` and `+pad:N` segments.
     pub fn parse(s: &str) -> Result<Design, String> {
         let s = s.trim();
         let mut parts = s.split('+');
@@ -121,9 +137,20 @@ impl Design {
                 ))
             }
         };
-        let (binaries, extra): (Vec<String>, Vec<String>) = parts
+        let (pads, rest): (Vec<String>, Vec<String>) = parts
             .map(str::to_string)
-            .partition(|p| p.starts_with("bin:"));
+            .partition(|p| p.starts_with("pad:"));
+        let padding = match pads.as_slice() {
+            [] => 0,
+            [one] => one[4..]
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=200_000).contains(n))
+                .ok_or_else(|| format!("{one:?} in {s:?}: pad:N takes 1..=200000 bytes"))?,
+            _ => return Err(format!("{s:?}: at most one pad:N")),
+        };
+        let (binaries, extra): (Vec<String>, Vec<String>) =
+            rest.into_iter().partition(|p| p.starts_with("bin:"));
         let binary = match binaries.as_slice() {
             [] => None,
             [one] if one.len() > 4 => Some(std::path::PathBuf::from(&one[4..])),
@@ -141,6 +168,7 @@ impl Design {
             base,
             extra,
             binary,
+            padding,
             name: s.to_string(),
         })
     }
@@ -266,6 +294,8 @@ pub struct DesignResult {
     /// at the end of the window.
     #[serde(serialize_with = "na")]
     pub watch_connections: Option<f64>,
+    /// Which fleets this design's reaction figures act on.
+    pub active: ActiveSummary,
     /// Reaction under load.
     pub reaction: Reaction,
     /// The reaction again with a hot fleet present.
@@ -633,6 +663,110 @@ struct FleetRef {
     uid: String,
 }
 
+/// The fleets one design's reaction figures act on, and where they sit in the bed.
+#[derive(Clone, Copy)]
+struct ActiveFleets<'a> {
+    fleets: &'a [FleetRef],
+    /// Index of the first in creation order.
+    first: usize,
+    /// None of them was active for an earlier design or size of this run.
+    fresh: bool,
+}
+
+/// Hands each design (and size) fleets no earlier one acted on, while the bed has them, so
+/// every design starts its operations on fleets with the same history: one operation's
+/// journal entries make the fleet object, and so every later write of it, larger (measured
+/// 2026-12-05: in runs that reused the first fleets, the design measured first was faster).
+#[derive(Default)]
+struct ActivePicks {
+    next: usize,
+}
+
+impl ActivePicks {
+    /// `k` fleets of `bed` (in creation order) after the last ones handed out; from the first
+    /// again, marked not fresh, when fewer than `k` are left.
+    fn next<'a>(&mut self, bed: &'a [FleetRef], k: usize) -> ActiveFleets<'a> {
+        let k = k.min(bed.len());
+        let (first, fresh) = if self.next + k <= bed.len() {
+            (self.next, true)
+        } else {
+            (0, false)
+        };
+        self.next = first + k;
+        ActiveFleets {
+            fleets: &bed[first..first + k],
+            first,
+            fresh,
+        }
+    }
+}
+
+/// Fleets active in a reaction measurement at `size` fleets: `active_fraction` of them, at
+/// least 2.
+fn active_count(cfg: &ScaleConfig, size: usize) -> usize {
+    ((cfg.active_fraction * size as f64).round() as usize)
+        .max(2)
+        .min(size)
+}
+
+/// Mean length of the active fleets' journal annotations, in bytes (`None`: a read failed;
+/// the bench's own GETs, outside every timed window).
+async fn journal_bytes(bed: &Bed, fleets: &[FleetRef]) -> Option<f64> {
+    let mut total = 0usize;
+    for f in fleets {
+        let api: Api<CelldFleet> = Api::namespaced(bed.client.clone(), &f.ns);
+        let fleet = api.get(&f.name).await.ok()?;
+        total += fleet
+            .annotations()
+            .get(JOURNAL_ANNOTATION)
+            .map_or(0, String::len);
+    }
+    (!fleets.is_empty()).then(|| total as f64 / fleets.len() as f64)
+}
+
+/// Annotation the bench pads active fleets with (`+pad:N`).
+const PADDING_ANNOTATION: &str = "bench.celld.eric.dev/padding";
+
+/// Adds an annotation of `bytes` bytes to each of `fleets` (a merge patch of metadata only:
+/// no generation change, nothing the operator acts on).
+async fn pad(bed: &Bed, fleets: &[FleetRef], bytes: usize) -> Result<()> {
+    let value = "x".repeat(bytes);
+    for f in fleets {
+        let api: Api<CelldFleet> = Api::namespaced(bed.client.clone(), &f.ns);
+        merge(
+            &api,
+            &f.name,
+            json!({"metadata": {"annotations": {PADDING_ANNOTATION: value}}}),
+        )
+        .await?;
+    }
+    progress(&format!(
+        "[scale] padded {} fleets with a {bytes}-byte annotation",
+        fleets.len()
+    ));
+    Ok(())
+}
+
+/// Which fleets a design's reaction figures act on.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActiveSummary {
+    /// Index of the first active fleet, in creation order.
+    pub first: usize,
+    /// How many.
+    pub count: usize,
+    /// Bytes of padding annotation the bench added to each of them (`+pad:N`).
+    pub padding_bytes: usize,
+    /// None of them was active for an earlier design or size of this run.
+    pub fresh: bool,
+    /// Mean journal annotation length of the active fleets before the first reaction
+    /// measurement (bytes).
+    #[serde(serialize_with = "na")]
+    pub journal_bytes_before: Option<f64>,
+    /// The same after the last one.
+    #[serde(serialize_with = "na")]
+    pub journal_bytes_after: Option<f64>,
+}
+
 /// The bench's view of every scale-bed fleet: one cluster-wide watch on the label
 /// [`SCALE_LABEL`], keeping whether each fleet is settled at its `spec.replicas`.
 struct Board {
@@ -791,6 +925,7 @@ pub async fn run(
     let mut fleets: Vec<FleetRef> = Vec::new();
     let mut namespaces: Vec<String> = Vec::new();
     let mut running = "cached (default flags)".to_string();
+    let mut picks = ActivePicks::default();
     for &size in &cfg.sizes {
         let creation = grow(
             bed,
@@ -813,7 +948,8 @@ pub async fn run(
                     format!(" with {}", design.flags().join(" "))
                 }
             ));
-            let r = measure_design(bed, cfg, &board, &fleets, size, design).await?;
+            let active = picks.next(&fleets[..size], active_count(cfg, size));
+            let r = measure_design(bed, cfg, &board, active, size, design).await?;
             running = design.name().to_string();
             results.push(r);
         }
@@ -951,7 +1087,7 @@ async fn measure_design(
     bed: &mut Bed,
     cfg: &ScaleConfig,
     board: &Board,
-    fleets: &[FleetRef],
+    active: ActiveFleets<'_>,
     size: usize,
     design: &Design,
 ) -> Result<DesignResult> {
@@ -1030,10 +1166,36 @@ async fn measure_design(
     ));
 
     // Reaction under load, then the same with a hot fleet.
-    let k = ((cfg.active_fraction * size as f64).round() as usize)
-        .max(2)
-        .min(size);
-    let active = &fleets[..k];
+    let ActiveFleets {
+        fleets: active,
+        first: active_first,
+        fresh: active_fresh,
+    } = active;
+    let k = active.len();
+    if design.padding() > 0 {
+        pad(bed, active, design.padding()).await?;
+        // The operator sees 50 fleet updates that change nothing it acts on: let it settle.
+        bed.metrics
+            .quiet_every(
+                cfg.quiet,
+                Duration::from_secs(120),
+                Duration::from_secs(1),
+                true,
+            )
+            .await?;
+    }
+    let journal_before = journal_bytes(bed, active).await;
+    progress(&format!(
+        "[scale] {size} fleets, {}: active fleets #{active_first}..#{} ({}), their journal annotations {:.0} bytes on average",
+        design.name(),
+        active_first + k,
+        if active_fresh {
+            "none of them active before in this run"
+        } else {
+            "the bed had too few fleets left: some were active before"
+        },
+        journal_before.unwrap_or(f64::NAN)
+    ));
     let tag = format!("{}{}", size, design.tag());
     progress(&format!(
         "[scale] {size} fleets, {}: reaction under load, {k} fleets active ({} scaling {}→{}→{}, {} restarting), {} rounds",
@@ -1086,11 +1248,20 @@ async fn measure_design(
         ));
         Some(r)
     };
+    let journal_after = journal_bytes(bed, active).await;
     bed.operator
         .as_mut()
         .context("no operator")?
         .check_running()?;
     Ok(DesignResult {
+        active: ActiveSummary {
+            first: active_first,
+            count: k,
+            padding_bytes: design.padding(),
+            fresh: active_fresh,
+            journal_bytes_before: journal_before,
+            journal_bytes_after: journal_after,
+        },
         design: design.name().into(),
         flags: design.flags(),
         startup,
@@ -1719,6 +1890,13 @@ mod design_tests {
             ]
         );
         assert_eq!(t.tag(), "frency32x");
+        let p = Design::parse("cached+pad:48000+--x").unwrap();
+        assert_eq!((p.padding(), p.flags()), (48000, vec!["--x".to_string()]));
+        assert_eq!(p.tag(), "cxp48000");
+        assert_eq!(c.padding(), 0);
+        assert!(Design::parse("cached+pad:0").is_err());
+        assert!(Design::parse("cached+pad:many").is_err());
+        assert!(Design::parse("cached+pad:1+pad:2").is_err());
         let b = Design::parse("cached+bin:/tmp/op-main+--reconcile-concurrency=4").unwrap();
         assert_eq!(b.binary(), Some(std::path::Path::new("/tmp/op-main")));
         assert_eq!(b.flags(), vec!["--reconcile-concurrency=4".to_string()]);
@@ -1732,5 +1910,52 @@ mod design_tests {
         let e = Design::parse("cached+MALLOC_ARENA_MAX=2").unwrap();
         assert_eq!(e.flags(), vec!["MALLOC_ARENA_MAX=2".to_string()]);
         assert!(super::is_env("A=1") && !super::is_env("--a=1") && !super::is_env("=1"));
+    }
+}
+
+#[cfg(test)]
+mod active_picks_tests {
+    use super::{ActivePicks, FleetRef};
+
+    fn bed(n: usize) -> Vec<FleetRef> {
+        (0..n)
+            .map(|i| FleetRef {
+                ns: "bench-0".into(),
+                name: format!("f{i}"),
+                uid: format!("u{i}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_design_acts_on_fleets_no_earlier_one_did_until_the_bed_runs_out() {
+        let b = bed(10);
+        let mut picks = ActivePicks::default();
+        let names = |a: super::ActiveFleets<'_>| {
+            (
+                a.first,
+                a.fresh,
+                a.fleets.iter().map(|f| f.name.clone()).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(
+            names(picks.next(&b, 4)),
+            (
+                0,
+                true,
+                vec!["f0".into(), "f1".into(), "f2".into(), "f3".into()]
+            )
+        );
+        assert_eq!(names(picks.next(&b, 4)).0, 4);
+        // Two left: start again from the first, and say so.
+        let third = names(picks.next(&b, 4));
+        assert_eq!((third.0, third.1), (0, false));
+        assert_eq!(third.2.len(), 4);
+        // A larger bed (the next size) continues after the last fleets handed out.
+        let b = bed(20);
+        assert_eq!(names(picks.next(&b, 5)).0, 4);
+        assert!(names(picks.next(&b, 5)).1);
+        // Never more than the bed.
+        assert_eq!(names(picks.next(&bed(3), 5)).2.len(), 3);
     }
 }
