@@ -679,20 +679,21 @@ struct ActiveFleets<'a> {
 /// 2026-12-05: in runs that reused the first fleets, the design measured first was faster).
 #[derive(Default)]
 struct ActivePicks {
-    next: usize,
+    /// Fleets `0..used` (creation order) have been handed out.
+    used: usize,
 }
 
 impl ActivePicks {
-    /// `k` fleets of `bed` (in creation order) after the last ones handed out; from the first
-    /// again, marked not fresh, when fewer than `k` are left.
+    /// The `k` fleets of `bed` (in creation order) after every one handed out so far; when
+    /// fewer than `k` are left, the first `k` again, marked not fresh.
     fn next<'a>(&mut self, bed: &'a [FleetRef], k: usize) -> ActiveFleets<'a> {
         let k = k.min(bed.len());
-        let (first, fresh) = if self.next + k <= bed.len() {
-            (self.next, true)
+        let (first, fresh) = if self.used + k <= bed.len() {
+            self.used += k;
+            (self.used - k, true)
         } else {
             (0, false)
         };
-        self.next = first + k;
         ActiveFleets {
             fleets: &bed[first..first + k],
             first,
@@ -1947,14 +1948,15 @@ mod active_picks_tests {
             )
         );
         assert_eq!(names(picks.next(&b, 4)).0, 4);
-        // Two left: start again from the first, and say so.
+        // Two left: the first four again, and it says so, as does every pick of used fleets.
         let third = names(picks.next(&b, 4));
-        assert_eq!((third.0, third.1), (0, false));
-        assert_eq!(third.2.len(), 4);
-        // A larger bed (the next size) continues after the last fleets handed out.
+        assert_eq!((third.0, third.1, third.2.len()), (0, false, 4));
+        assert!(!names(picks.next(&b, 4)).1);
+        // A larger bed (the next size) continues after every fleet handed out so far.
         let b = bed(20);
-        assert_eq!(names(picks.next(&b, 5)).0, 4);
-        assert!(names(picks.next(&b, 5)).1);
+        assert_eq!(names(picks.next(&b, 5)).0, 8);
+        let fifth = names(picks.next(&b, 5));
+        assert_eq!((fifth.0, fifth.1), (13, true));
         // Never more than the bed.
         assert_eq!(names(picks.next(&bed(3), 5)).2.len(), 3);
     }
