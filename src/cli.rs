@@ -171,10 +171,9 @@ pub struct RunArgs {
     /// of other namespaces are dropped as they arrive.
     #[arg(long, value_enum, default_value = "namespace")]
     pub watch_scope: crate::watches::WatchScope,
-    /// A status change that is progress only (member counts, condition messages, the journal
-    /// figures, and while one operation stays open its phase and step and `Ready` turning) is
-    /// written at most once per this interval per fleet, and at the latest when it ends; every
-    /// other change is written at once. 0s..10s; 0s writes every change at once.
+    /// A status change that is progress only (member counts, condition messages) is written
+    /// at most once per this interval per fleet, and at the latest when it ends; every other
+    /// change is written at once. 0s..10s; 0s writes every change at once.
     #[arg(long, default_value = "1s", value_parser = parse_status_progress_interval)]
     pub status_progress_interval: Duration,
     /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).

@@ -337,7 +337,7 @@ impl Metrics {
         );
         r.register(
             "celld_operator_status_writes_deferred",
-            "progress-only status changes (member counts, condition messages, journal figures, an open operation's phase and Ready) left for the end of the fleet's --status-progress-interval",
+            "progress-only status changes (member counts, condition messages) left for the end of the fleet's --status-progress-interval",
             m.status_deferred.clone(),
         );
         r.register(

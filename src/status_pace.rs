@@ -7,15 +7,13 @@
 //! full write of the fleet on the API server (schema validation, managed fields, etcd, one
 //! watch event per watcher), which under load delays every other fleet's reaction.
 //!
-//! A status change that is *progress only* (those counts and condition messages; the journal
-//! figures; and while one operation stays open, its phase and step and the `Ready`
-//! condition's status, which the members it restarts, adds or removes turn once or twice
-//! each; nothing else: no other condition's status, no reason, no operation opened or
-//! closed, none turning `Stalled` or `Blocked`, no generation) is written at most once per
-//! `--status-progress-interval` per fleet: within the interval after the fleet's last
-//! status write it waits, and the reconcile looks again when the interval ends, so the
-//! newest values are always written, at most one interval late. Every other change is
-//! written at once, with the values of that moment. `0s` writes every change at once.
+//! A status change that is *progress only* (those counts and condition messages, nothing
+//! else: no condition's status or reason, no operation, journal figure or generation) is
+//! written at most once per `--status-progress-interval` per fleet: within the interval after
+//! the fleet's last status write it waits, and the reconcile looks again when the interval
+//! ends, so the newest counts are always written, at most one interval late. Every other
+//! change is written at once, with the counts of that moment. `0s` writes every change at
+//! once.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -232,9 +232,6 @@ pub(crate) struct Run<'a> {
     /// A fresh pass's planning reads, each sent once between two of its writes
     /// (`crate::pass_reads`); `None` in a cached pass and with `--test-fresh-reads`.
     pub reads: Option<std::sync::Arc<crate::pass_reads::PassReads>>,
-    /// The last of this pass's Events still being sent ([`Run::send_event`]); each waits for
-    /// the one before it, so they go out in order.
-    pub events: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Run<'_> {
@@ -289,43 +286,6 @@ impl Run<'_> {
     /// The Event recorder (`None` in a cached pass, which then escalates).
     pub fn recorder(&self) -> Option<&kube::runtime::events::Recorder> {
         crate::pass::recorder(&self.ctx.recorder)
-    }
-
-    /// Sends `event` about `regarding` in the background (docs/design.md "Events and
-    /// metrics"): the pass goes on to its next request instead of waiting for the API
-    /// server's answer, and the Events of one pass go out in the order they were made (each
-    /// waits for the one before it). The pass waits for all of them before it writes the
-    /// fleet's status ([`Run::events_sent`]), so an Event is never seen after the status
-    /// that follows it. Best effort, as before: one that cannot be written is logged
-    /// (`what` names it), never retried into a journal write. Nothing in a cached pass
-    /// (it escalates: an Event is a request).
-    pub fn send_event(
-        &self,
-        event: kube::runtime::events::Event,
-        regarding: k8s_openapi::api::core::v1::ObjectReference,
-        what: String,
-    ) {
-        let Some(recorder) = self.recorder().cloned() else {
-            return;
-        };
-        let mut tail = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        let before = tail.take();
-        *tail = Some(tokio::spawn(async move {
-            if let Some(before) = before {
-                let _ = before.await;
-            }
-            if let Err(e) = recorder.publish(&event, &regarding).await {
-                tracing::warn!(error = %e, "publishing {what} failed");
-            }
-        }));
-    }
-
-    /// Waits until every Event this pass made is sent (or has failed).
-    pub async fn events_sent(&self) {
-        let last = self.events.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(last) = last {
-            let _ = last.await;
-        }
     }
 
     /// `<ns>/<name>` of kind `K`: from the cache in a cached pass when it holds it (a miss
@@ -536,15 +496,18 @@ impl Run<'_> {
         }
         let signals = journal_store::ensure_mirrored(mirror, &self.journal)
             .map_err(|e| Error::Append(journal_store::AppendError::Mirror(e)))?;
-        self.publish_signals(&signals);
+        self.publish_signals(&signals).await;
         Ok(())
     }
 
     /// `JournalDiverged` / `JournalRollback` found while mirroring: a Warning Event each.
-    fn publish_signals(&self, signals: &[journal::Signal]) {
+    async fn publish_signals(&self, signals: &[journal::Signal]) {
         use kube::runtime::events::{Event, EventType};
         for signal in signals {
             tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason = signal.event_reason(), "{}", signal.message());
+            let Some(recorder) = self.recorder() else {
+                continue;
+            };
             let event = Event {
                 type_: EventType::Warning,
                 reason: signal.event_reason().into(),
@@ -556,11 +519,9 @@ impl Run<'_> {
                 ),
                 secondary: None,
             };
-            self.send_event(
-                event,
-                self.fleet.object_ref(&()),
-                "a journal signal Event".into(),
-            );
+            if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+                tracing::warn!(error = %e, "publishing a journal signal Event failed");
+            }
         }
     }
 
@@ -613,7 +574,7 @@ impl Run<'_> {
         self.fleet = committed.fleet;
         self.journal = committed.journal;
         self.journal_unusable = false;
-        self.publish_signals(&committed.signals);
+        self.publish_signals(&committed.signals).await;
         self.ctx
             .metrics
             .appends
@@ -623,14 +584,18 @@ impl Run<'_> {
                 r#type: format!("{:?}", committed.entry.entry_type()),
             })
             .inc();
-        self.publish(&committed.entry);
+        self.publish(&committed.entry).await;
         Ok(committed.entry)
     }
 
     /// One Event per journal entry (docs/design.md "Events and metrics"): stable reason, the
-    /// operation id in the note, sent in the background ([`Run::send_event`]).
-    fn publish(&self, entry: &Entry) {
+    /// operation id in the note. Best effort: an Event that cannot be written is logged, never
+    /// retried into a second journal write.
+    async fn publish(&self, entry: &Entry) {
         use kube::runtime::events::{Event, EventType};
+        let Some(recorder) = self.recorder() else {
+            return;
+        };
         let kind = entry.entry_type();
         let op_kind = self
             .journal
@@ -655,17 +620,18 @@ impl Run<'_> {
             action: format!("{kind:?}-{}", entry.seq()),
             secondary: None,
         };
-        self.send_event(
-            event,
-            self.fleet.object_ref(&()),
-            "the journal Event".into(),
-        );
+        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing the journal Event failed");
+        }
     }
 
     /// A Warning Event about a member on the fleet (the Pod as the related object).
-    pub fn member_event(&self, reason: &str, note: String, pod: &Pod) {
+    pub async fn member_event(&self, reason: &str, note: String, pod: &Pod) {
         use kube::runtime::events::{Event, EventType};
         tracing::warn!(fleet = %format!("{}/{}", self.ns, self.name), reason, "{note}");
+        let Some(recorder) = self.recorder() else {
+            return;
+        };
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),
@@ -673,13 +639,15 @@ impl Run<'_> {
             action: format!("{reason}-{}", pod.metadata.uid.as_deref().unwrap_or("")),
             secondary: Some(pod.object_ref(&())),
         };
-        self.send_event(event, self.fleet.object_ref(&()), reason.to_string());
+        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+            tracing::warn!(error = %e, "publishing {reason} failed");
+        }
     }
 
     /// `MemberSelfFenced` (docs/runtime.md "Process, health and self-fencing"): a member's
     /// restartCount rose and its last termination exited with code 3. A restart on its own
     /// disk, never removal authority.
-    fn self_fence_events(&self, pods: &[Pod]) {
+    async fn self_fence_events(&self, pods: &[Pod]) {
         use kube::runtime::events::{Event, EventType};
         for pod in pods {
             let (Some(uid), Some(status)) = (pod.metadata.uid.clone(), pod.status.as_ref()) else {
@@ -718,7 +686,7 @@ impl Run<'_> {
             }
             let name = pod.metadata.name.clone().unwrap_or_default();
             tracing::warn!(member = %name, restarts = c.restart_count, "member self-fenced (exit code 3)");
-            {
+            if let Some(recorder) = self.recorder() {
                 let event = Event {
                     type_: EventType::Warning,
                     reason: "MemberSelfFenced".into(),
@@ -729,7 +697,9 @@ impl Run<'_> {
                     action: format!("SelfFence-{}", c.restart_count),
                     secondary: Some(pod.object_ref(&())),
                 };
-                self.send_event(event, self.fleet.object_ref(&()), "MemberSelfFenced".into());
+                if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
+                    tracing::warn!(error = %e, "publishing MemberSelfFenced failed");
+                }
             }
         }
     }
@@ -1008,7 +978,6 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         requeue: None,
         reads: pass.reads,
         stores: pass.stores,
-        events: Default::default(),
     };
     if !run.journal_unusable {
         run.ensure_mirrored().await?;
@@ -1077,12 +1046,9 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         }
         _ => None,
     };
-    // The pass's Events are out before the status that follows them.
-    run.events_sent().await;
-    // Progress-only changes (member counts, condition messages, journal figures, an open
-    // operation's phase and Ready) are written at a pace (`crate::status_pace`): within the
-    // interval after this fleet's last status write they wait, and the reconcile looks again
-    // when it ends.
+    // Progress-only changes (member counts, condition messages) are written at a pace
+    // (`crate::status_pace`): within the interval after this fleet's last status write they
+    // wait, and the reconcile looks again when it ends.
     let pace_key = format!("{ns}/{name}");
     let (status, stored) = status::write(
         status_api.as_ref().map_or(&run.api, |(_, api)| api),
@@ -1119,7 +1085,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         integrity::announce_blocked(&run, &old_status, &report).await;
     }
     record_metrics(&run, &status);
-    run.self_fence_events(&pods);
+    run.self_fence_events(&pods).await;
     Ok(
         match (report.class, run.journal.fold().current().is_some()) {
             _ if report.reason == reasons::FOREIGN_OPERATOR.name => {
@@ -1430,7 +1396,6 @@ mod pass_reads_tests {
             requeue: None,
             reads,
             stores: None,
-            events: Default::default(),
         }
     }
 
@@ -1679,102 +1644,6 @@ mod pass_reads_tests {
             Ok(_) => panic!("not a requeue within the window"),
             Err(e) => panic!("{e}"),
         }
-    }
-
-    /// A pass's Events are sent in the background and in order: the pass's next request goes
-    /// out while the first Event is still unanswered, and `events_sent` returns once every
-    /// one is answered (docs/design.md "Events and metrics").
-    #[tokio::test]
-    async fn a_pass_goes_on_while_its_events_are_sent_and_they_go_out_in_order() {
-        use http_body_util::BodyExt;
-        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(svc, "ns");
-        let mut ctx = ctx(client.clone());
-        ctx.recorder = Some(Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "celld-operator".into(),
-                instance: Some("test".into()),
-            },
-        ));
-        let run = test_run(&ctx, client, fleet(), None);
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            let mut held = None;
-            // Until both the pass's read and the first Event have come: the read is
-            // answered, the first Event is not.
-            while held.is_none() || seen.len() < 2 {
-                let (req, send) = handle.next_request().await.expect("a request");
-                let line = format!("{} {}", req.method(), req.uri().path());
-                if req.method() != http::Method::POST {
-                    seen.push(line);
-                    send.send_response(answer(sts("10")));
-                    continue;
-                }
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                seen.push(format!("{line} {}", event["reason"].as_str().unwrap_or("")));
-                held = Some((send, answer(event)));
-            }
-            // While the first Event is unanswered, the next one waits for it.
-            let early = tokio::time::timeout(Duration::from_millis(200), handle.next_request())
-                .await
-                .is_ok();
-            if early {
-                return (seen, early);
-            }
-            let (send, response) = held.take().unwrap();
-            send.send_response(response);
-            for _ in 0..2 {
-                let (req, send) = handle.next_request().await.expect("an Event");
-                let line = format!("{} {}", req.method(), req.uri().path());
-                let body = req.into_body().collect().await.unwrap().to_bytes();
-                let event: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                seen.push(format!("{line} {}", event["reason"].as_str().unwrap_or("")));
-                send.send_response(answer(event));
-            }
-            (seen, early)
-        });
-        let event = |reason: &str| Event {
-            type_: EventType::Normal,
-            reason: reason.into(),
-            note: Some("n".into()),
-            action: reason.into(),
-            secondary: None,
-        };
-        let regarding = run.fleet.object_ref(&());
-        for reason in ["First", "Second", "Third"] {
-            run.send_event(event(reason), regarding.clone(), reason.into());
-        }
-        // The pass's next request goes out although the first Event has no answer yet.
-        let live = tokio::time::timeout(Duration::from_secs(10), run.workload())
-            .await
-            .expect("the read is not held up by the Events")
-            .unwrap();
-        assert!(live.is_some());
-        tokio::time::timeout(Duration::from_secs(10), run.events_sent())
-            .await
-            .expect("every Event answered");
-        assert!(run.events.lock().unwrap().is_none());
-        drop(run);
-        drop(ctx);
-        let (seen, early) = tokio::time::timeout(Duration::from_secs(10), server)
-            .await
-            .expect("three Events and one read")
-            .unwrap();
-        assert!(
-            !early,
-            "an Event went out before the one made before it was answered"
-        );
-        // The read and the first Event in either order (both are out before either is
-        // answered), then the others in the order they were made.
-        let post = |r: &str| format!("POST /apis/events.k8s.io/v1/namespaces/ns/events {r}");
-        let read = "GET /apis/apps/v1/namespaces/ns/statefulsets/f".to_string();
-        let mut first_two = seen[..2].to_vec();
-        first_two.sort();
-        assert_eq!(first_two, [read, post("First")], "{seen:?}");
-        assert_eq!(seen[2..], [post("Second"), post("Third")], "{seen:?}");
     }
 
     /// A progress-only status change (member counts, condition messages) waits for the rest

@@ -15,7 +15,7 @@ use super::reasons::{self, Classed, Kind, Reason};
 use super::workload::LiveWorkload;
 use super::{Error, KubeContext};
 use crate::api::keys::FLEET_UID_LABEL;
-use crate::api::{self, CelldFleet, CelldFleetStatus, OperationPhase};
+use crate::api::{self, CelldFleet, CelldFleetStatus};
 
 /// Class of a reason (docs/design.md "Status and conditions").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,26 +189,12 @@ pub struct Seen<'a> {
     pub report: &'a Report,
 }
 
-/// Whether `new` differs from `old` only in progress (docs/design.md "Status writes at a pace"):
-///
-/// - the member counts (`replicas`, `observedReplicas`, `joiningReplicas`,
-///   `terminatingReplicas`, `readyReplicas`) and the conditions' messages;
-/// - the journal figures (`status.journal`: the annotation is the record, and each append
-///   moves them);
-/// - while the same operation is open in both (same id), its phase, step, blocker and
-///   summary as long as neither is `Stalled` or `Blocked`, and the `Ready` condition's status
-///   and transition: the members an operation restarts, adds or removes turn Ready and back
-///   as it goes, once or twice per member.
-///
-/// An operation opened, closed or replaced, a phase into or out of `Stalled` or `Blocked`, any
-/// other condition's status, any reason, the generation: not progress only
-/// (`crate::status_pace`). `Ready` turning with no operation open (a member lost) is written
-/// at once.
+/// Whether `new` differs from `old` only in progress: the member counts (`replicas`,
+/// `observedReplicas`, `joiningReplicas`, `terminatingReplicas`, `readyReplicas`) and the
+/// conditions' messages. A condition's status, reason or transition, the operation, the
+/// journal figures, the generation: anything else is not progress only
+/// (`crate::status_pace`).
 pub fn progress_only(old: &CelldFleetStatus, new: &CelldFleetStatus) -> bool {
-    let same_op = match (&old.current_operation, &new.current_operation) {
-        (Some(a), Some(b)) => a.id == b.id,
-        _ => false,
-    };
     let without_progress = |s: &CelldFleetStatus| {
         let mut s = s.clone();
         s.replicas = 0;
@@ -216,21 +202,8 @@ pub fn progress_only(old: &CelldFleetStatus, new: &CelldFleetStatus) -> bool {
         s.joining_replicas = None;
         s.terminating_replicas = None;
         s.ready_replicas = None;
-        s.journal = None;
         for c in &mut s.conditions {
             c.message.clear();
-            if same_op && c.type_ == "Ready" {
-                c.status.clear();
-                c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-            }
-        }
-        if let Some(op) = s.current_operation.as_mut().filter(|_| same_op) {
-            if !matches!(op.phase, OperationPhase::Stalled | OperationPhase::Blocked) {
-                op.phase = OperationPhase::Intent;
-                op.step = None;
-                op.blocker = None;
-                op.summary = None;
-            }
         }
         s
     };
@@ -551,92 +524,5 @@ pub async fn write(
         Ok(_) => Ok((st, Stored::Written)),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok((st, Stored::Conflict)),
         Err(e) => Err(e).ctx(|| "writing status".into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn status(op: Option<(&str, &str)>, ready: bool, seq: i64) -> CelldFleetStatus {
-        let current_operation = op.map(|(id, phase)| {
-            serde_json::from_value(json!({
-                "id": id, "kind": "Restart", "phase": phase, "step": "template",
-                "summary": format!("Restart/{phase}"), "from": 3, "to": 3,
-            }))
-            .unwrap()
-        });
-        // Transition times are kept for a condition whose status did not change.
-        let at = |mut c: Condition| {
-            c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-            c
-        };
-        CelldFleetStatus {
-            replicas: 3,
-            ready_replicas: Some(if ready { 3 } else { 2 }),
-            current_operation,
-            journal: Some(api::JournalStatus {
-                seq,
-                head_hash: Some(format!("{seq:064x}")),
-                bytes: 1000 * seq,
-                compacted_through: 0,
-            }),
-            conditions: vec![
-                at(condition("Ready", ready, "LifecycleProgress", "m", Some(1))),
-                at(condition(
-                    "Progressing",
-                    op.is_some(),
-                    "LifecycleProgress",
-                    "m",
-                    Some(1),
-                )),
-            ],
-            ..CelldFleetStatus::default()
-        }
-    }
-
-    /// What may wait for the pace while an operation runs, and what is written at once
-    /// (docs/design.md "Status writes at a pace").
-    #[test]
-    fn while_one_operation_runs_ready_phase_and_journal_figures_are_progress_only() {
-        let a = Some(("a", "Issued"));
-        let base = status(a, true, 5);
-        // A member of the running operation down, one more entry, phase Observed: progress.
-        assert!(progress_only(
-            &base,
-            &status(Some(("a", "Observed")), false, 6)
-        ));
-        // Journal figures alone: progress.
-        assert!(progress_only(&base, &status(a, true, 7)));
-        // Into Stalled or Blocked, another operation, an operation closed: at once.
-        assert!(!progress_only(
-            &base,
-            &status(Some(("a", "Stalled")), true, 5)
-        ));
-        assert!(!progress_only(
-            &base,
-            &status(Some(("a", "Blocked")), true, 6)
-        ));
-        assert!(!progress_only(
-            &status(Some(("a", "Blocked")), true, 5),
-            &status(a, true, 6)
-        ));
-        assert!(!progress_only(
-            &base,
-            &status(Some(("b", "Issued")), true, 6)
-        ));
-        assert!(!progress_only(&base, &status(None, true, 6)));
-        // Ready turning with no operation open (a member lost): at once.
-        assert!(!progress_only(
-            &status(None, true, 5),
-            &status(None, false, 5)
-        ));
-        // Another condition's status or any reason, even during the operation: at once.
-        let mut other = status(a, true, 5);
-        other.conditions[1].status = "False".into();
-        assert!(!progress_only(&base, &other));
-        let mut reason = status(a, false, 5);
-        reason.conditions[0].reason = "Provisioning".into();
-        assert!(!progress_only(&base, &reason));
     }
 }
