@@ -156,6 +156,11 @@ pub struct RunArgs {
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
     pub test_cluster_list_page: Option<u32>,
+    /// Test clusters only: the caches' watches use kube-runtime's `watcher` (an 8 KiB line
+    /// buffer kept by every stream) instead of `watch_stream::watch` (the bench compares both
+    /// side by side).
+    #[arg(long, hide = true)]
+    pub test_kube_watcher: bool,
     /// Fleet namespaces whose watches share one HTTP/2 connection to the API server (9 watches
     /// per namespace). 0: every watch has its own HTTP/1.1 connection, as kube's client does
     /// (for an API server or proxy without HTTP/2). HTTP/2 is used only for a direct `https`
@@ -355,6 +360,7 @@ impl RunArgs {
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",
             ),
+            (self.test_kube_watcher, "--test-kube-watcher"),
         ] {
             if set && !self.local_test {
                 return Err(format!("{flag} needs --local-test"));

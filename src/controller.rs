@@ -482,7 +482,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 .with_list_page(
                     args.test_cluster_list_page
                         .unwrap_or(crate::watches::CLUSTER_LIST_PAGE),
-                );
+                )
+                .with_kube_watcher(args.test_kube_watcher);
             match watch_clients {
                 Some(c) => watches.with_watch_clients(c),
                 None => watches,

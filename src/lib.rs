@@ -23,4 +23,5 @@ pub mod status_view;
 pub mod transport;
 pub mod validate;
 pub mod watch_clients;
+pub mod watch_stream;
 pub mod watches;

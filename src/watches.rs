@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
+use futures::stream::BoxStream;
 use futures::FutureExt;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
@@ -318,6 +319,9 @@ pub struct Watches {
     only: Option<Arc<HashSet<String>>>,
     /// Objects per page of a cluster-wide list.
     list_page: u32,
+    /// kube-runtime's `watcher` instead of [`crate::watch_stream::watch`]
+    /// (`--test-kube-watcher`).
+    kube_watcher: bool,
 }
 
 #[derive(Clone)]
@@ -341,7 +345,15 @@ impl Watches {
             shared: Mutex::default(),
             only: None,
             list_page: CLUSTER_LIST_PAGE,
+            kube_watcher: false,
         }
+    }
+
+    /// Watches through kube-runtime's `watcher` (`--test-kube-watcher`: the design before
+    /// [`crate::watch_stream`], for the benchmark's side-by-side figures).
+    pub fn with_kube_watcher(mut self, kube: bool) -> Self {
+        self.kube_watcher = kube;
+        self
     }
 
     /// Objects per page of a cluster-wide list (`--test-cluster-list-page`).
@@ -588,12 +600,12 @@ impl Watches {
         if let Some(c) = cluster.as_ref() {
             return Some(c.clone());
         }
-        fn cluster_store<K: Watched>(client: &Client, feed: bool) -> Store<K> {
+        fn cluster_store<K: Watched>(client: &Client, feed: bool, kube: bool) -> Store<K> {
             let (reader, writer) = reflector::store();
             if !feed {
                 return reader;
             }
-            let events = watcher(Api::<K>::all(client.clone()), watch_config())
+            let events = open(kube, Api::<K>::all(client.clone()), watch_config())
                 .default_backoff()
                 .modify(|o: &mut K| o.meta_mut().managed_fields = None)
                 .reflect(writer)
@@ -602,8 +614,8 @@ impl Watches {
             reader
         }
         let stores = ClusterStores {
-            storage_classes: cluster_store(&self.client, self.stores),
-            reservations: cluster_store(&self.client, self.stores),
+            storage_classes: cluster_store(&self.client, self.stores, self.kube_watcher),
+            reservations: cluster_store(&self.client, self.stores, self.kube_watcher),
         };
         *cluster = Some(stores.clone());
         Some(stores)
@@ -621,7 +633,7 @@ impl Watches {
         if !self.stores {
             return reader;
         }
-        let events = watcher(api, watch_config())
+        let events = open(self.kube_watcher, api, watch_config())
             .default_backoff()
             .modify(|o: &mut PartialObjectMeta<ServiceAccount>| o.metadata.managed_fields = None)
             .reflect(writer);
@@ -650,13 +662,15 @@ impl Watches {
         let config = labelled_config(ns, self.list_page);
         let kind = K::kind(&()).to_string();
         if !self.stores {
-            let events = watcher(api, config).default_backoff().touched_objects();
+            let events = open(self.kube_watcher, api, config)
+                .default_backoff()
+                .touched_objects();
             handles.push(self.forward(ns, kind, events));
             return store;
         }
         let feed = store.clone();
         let only = self.only.clone().filter(|_| ns.is_none());
-        let events = watcher(api, config)
+        let events = open(self.kube_watcher, api, config)
             .default_backoff()
             .modify(K::project)
             .map(move |event| {
@@ -685,7 +699,9 @@ impl Watches {
             None => Api::all(client.clone()),
         };
         let config = labelled_config(ns, self.list_page);
-        let events = watcher(api, config).default_backoff().touched_objects();
+        let events = open(self.kube_watcher, api, config)
+            .default_backoff()
+            .touched_objects();
         self.forward(ns, K::kind(&()).to_string(), events)
     }
 
@@ -725,6 +741,24 @@ impl Watches {
                 }
             }
         })
+    }
+}
+
+/// The list-then-watch of `api`: [`crate::watch_stream::watch`], or kube-runtime's `watcher`
+/// with `kube` (`--test-kube-watcher`).
+fn open<K>(
+    kube: bool,
+    api: Api<K>,
+    config: watcher::Config,
+) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    if kube {
+        watcher(api, config).boxed()
+    } else {
+        crate::watch_stream::watch(api, config).boxed()
     }
 }
 
