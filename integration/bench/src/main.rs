@@ -234,6 +234,18 @@ async fn run(args: Args, repo: PathBuf, cluster_dir: PathBuf) -> Result<()> {
     if args.designs.is_empty() && !args.skip_scale {
         bail!("--designs names no design (cached, fresh)");
     }
+    // A design's tag names its namespaces, hot fleet and bucket: two alike would collide
+    // (the second hot fleet finds the first one's bucket reservation).
+    let mut tags = std::collections::BTreeMap::new();
+    for d in &args.designs {
+        if let Some(other) = tags.insert(d.tag(), d.name().to_string()) {
+            bail!(
+                "--designs: {} and {other} would share the tag {}; name each design once",
+                d.name(),
+                d.tag()
+            );
+        }
+    }
     let nodes = nodes_needed(&args);
     if nodes > args.nodes {
         progress(&format!(

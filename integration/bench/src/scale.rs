@@ -98,7 +98,9 @@ impl Design {
     }
 
     /// A short tag for namespace names: the base's initial, then the last alphanumerics of
-    /// the extra items (`c`, `f`, `crrency32`).
+    /// the extra items and, with any, four hex digits of a hash of the whole design (`c`,
+    /// `f`, `crrency32` + hash), so two designs whose items end alike
+    /// (`…+--status-progress-interval=1s`) do not share a namespace, hot fleet or bucket.
     pub fn tag(&self) -> String {
         let binary = self
             .binary
@@ -120,7 +122,16 @@ impl Design {
             .map(|c| c.to_ascii_lowercase())
             .collect();
         let tail: String = extra[extra.len().saturating_sub(8)..].iter().collect();
-        format!("{}{tail}", &self.name[..1])
+        let hash = if extra.is_empty() {
+            String::new()
+        } else {
+            // FNV-1a (32 bits), the low 16.
+            let h = self.name.bytes().fold(0x811c_9dc5_u32, |h, b| {
+                (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+            });
+            format!("{:04x}", h & 0xffff)
+        };
+        format!("{}{tail}{hash}", &self.name[..1])
     }
 
     /// Parses `cached` or `fresh`, optionally followed by `+--flag[=value]`, `+NAME=value`,
@@ -1890,10 +1901,10 @@ mod design_tests {
                 "--x".into()
             ]
         );
-        assert_eq!(t.tag(), "frency32x");
+        assert_eq!(t.tag(), "frency32xe34b");
         let p = Design::parse("cached+pad:48000+--x").unwrap();
         assert_eq!((p.padding(), p.flags()), (48000, vec!["--x".to_string()]));
-        assert_eq!(p.tag(), "cxp48000");
+        assert_eq!(p.tag(), "cxp48000afd2");
         assert_eq!(c.padding(), 0);
         assert!(Design::parse("cached+pad:0").is_err());
         assert!(Design::parse("cached+pad:many").is_err());
@@ -1901,7 +1912,17 @@ mod design_tests {
         let b = Design::parse("cached+bin:/tmp/op-main+--reconcile-concurrency=4").unwrap();
         assert_eq!(b.binary(), Some(std::path::Path::new("/tmp/op-main")));
         assert_eq!(b.flags(), vec!["--reconcile-concurrency=4".to_string()]);
-        assert_eq!(b.tag(), "cmpopmain");
+        assert_eq!(b.tag(), "cmpopmainbed5");
+        // Items that end alike still get their own tags.
+        let (x, y) = (
+            Design::parse("cached+--test-forget-all-on-write+--status-progress-interval=1s")
+                .unwrap(),
+            Design::parse("cached+--status-progress-interval=1s").unwrap(),
+        );
+        assert_eq!(
+            (x.tag(), y.tag()),
+            ("cterval1sc930".into(), "cterval1sb3e9".into())
+        );
         assert_eq!(Design::parse("cached").unwrap().binary(), None);
         assert!(Design::parse("cached+bin:").is_err());
         assert!(Design::parse("cached+bin:/a+bin:/b").is_err());
