@@ -152,6 +152,12 @@ pub struct RunArgs {
     /// they were sent at once (`reconcile::prefetch`; the bench compares both side by side).
     #[arg(long, hide = true)]
     pub test_no_prefetch: bool,
+    /// Test clusters only: every write of a fresh pass forgets everything the pass read
+    /// (a journal append included), and its status reads the workload and Pods again, as
+    /// before a write forgot only what was read of its own kind (`crate::pass_reads`; the
+    /// bench compares both side by side).
+    #[arg(long, hide = true)]
+    pub test_forget_all_on_write: bool,
     /// Test clusters only: objects per page of a cluster-wide watch's list instead of
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -356,6 +362,7 @@ impl RunArgs {
             (self.test_skip_lease_guard, "--test-skip-lease-guard"),
             (self.test_fresh_reads, "--test-fresh-reads"),
             (self.test_no_prefetch, "--test-no-prefetch"),
+            (self.test_forget_all_on_write, "--test-forget-all-on-write"),
             (
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",

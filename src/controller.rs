@@ -499,6 +499,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         own_writes: Default::default(),
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
         prefetch: !args.test_no_prefetch,
+        forget_all_on_write: args.test_forget_all_on_write,
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

@@ -701,6 +701,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             Err(e) => return Err(e).ctx(|| "creating the workload".into()),
         };
         failpoint::reach("after-effect");
+        run.saw_workload(Some(&created));
         run.append(
             op.id,
             issued(

@@ -102,6 +102,9 @@ pub struct Ctx {
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
     pub prefetch: bool,
+    /// Every write of a fresh pass forgets all its reads and its status reads again
+    /// (`--test-forget-all-on-write`, the design before [`crate::pass_reads`] scoped them).
+    pub forget_all_on_write: bool,
 }
 
 impl Ctx {
@@ -314,7 +317,7 @@ impl Run<'_> {
         }
         let found = self.reread::<K>(name).await?;
         if let Some(reads) = &self.reads {
-            reads.put(key, found.clone());
+            reads.put(&K::plural(&()), key, found.clone());
         }
         Ok(found)
     }
@@ -373,7 +376,7 @@ impl Run<'_> {
             .ctx(|| "get serviceaccounts".into())?
             .is_some();
         if let Some(reads) = &self.reads {
-            reads.put(key, exists);
+            reads.put("serviceaccounts", key, exists);
         }
         Ok(exists)
     }
@@ -406,7 +409,7 @@ impl Run<'_> {
             .await
             .ctx(|| "get storageclasses".into())?;
         if let Some(reads) = &self.reads {
-            reads.put(key, found.clone());
+            reads.put("storageclasses", key, found.clone());
         }
         Ok(found)
     }
@@ -448,7 +451,7 @@ impl Run<'_> {
         }
         let found = self.relist_by::<K>(key).await?;
         if let Some(reads) = &self.reads {
-            reads.put(memo, found.clone());
+            reads.put(&K::plural(&()), memo, found.clone());
         }
         Ok(found)
     }
@@ -717,6 +720,7 @@ impl Run<'_> {
 
     async fn workload_with(&self, reread: bool) -> Result<Option<workload::LiveWorkload>, Error> {
         let live = self.workload_from(reread).await?;
+        self.saw_workload(live.as_ref());
         // A cached pass does not plan from a copy this process's own write has replaced
         // (`crate::own_writes`): the write's watch event brings the reconcile that does.
         if let (Some(esc), Some(w)) = (crate::pass::cached(), &live) {
@@ -742,6 +746,7 @@ impl Run<'_> {
         live: &workload::LiveWorkload,
     ) -> Result<workload::LiveWorkload, kube::Error> {
         let written = workload::replace(&self.client, &self.ns, live).await?;
+        self.saw_workload(Some(&written));
         self.ctx.own_writes.replaced(
             &crate::own_writes::workload_key(&self.ns, &self.name),
             live.meta().resource_version.as_deref(),
@@ -787,7 +792,50 @@ impl Run<'_> {
 
     /// Pods with the fleet label ([`Run::labelled`]).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
-        self.labelled().await
+        let pods: Vec<Pod> = self.labelled().await?;
+        if let Some(reads) = &self.reads {
+            reads.saw("pods", pods.clone());
+        }
+        Ok(pods)
+    }
+
+    /// The plural resource of the fleet's workload.
+    fn workload_resource(&self) -> &'static str {
+        if crate::render::uses_statefulset(&self.fleet.spec) {
+            "statefulsets"
+        } else {
+            "deployments"
+        }
+    }
+
+    /// Records `live` (read, created or written by this pass) as what a fresh pass last saw
+    /// of its workload ([`Run::status_inputs`]).
+    pub fn saw_workload(&self, live: Option<&workload::LiveWorkload>) {
+        if let Some(reads) = &self.reads {
+            reads.saw(self.workload_resource(), live.cloned());
+        }
+    }
+
+    /// The workload and member Pods for the status a pass writes at its end (docs/design.md
+    /// "The status of a fresh pass"). A fresh pass uses what it last saw of each (read, or
+    /// the answer to its own write of the workload) unless it wrote that kind since: the
+    /// status is display only, and reading both again after the pass's journal appends cost
+    /// a GET and a LIST, the slowest read, while the pass still held its reconcile slot.
+    /// Otherwise (a cached pass, `--test-fresh-reads`, a kind not seen or written since) they
+    /// are read as planning reads.
+    async fn status_inputs(&self) -> Result<(Option<workload::LiveWorkload>, Vec<Pod>), Error> {
+        let seen = self.reads.as_ref();
+        let live = match seen
+            .and_then(|r| r.last_seen::<Option<workload::LiveWorkload>>(self.workload_resource()))
+        {
+            Some(w) => w,
+            None => self.workload().await?,
+        };
+        let pods = match seen.and_then(|r| r.last_seen::<Vec<Pod>>("pods")) {
+            Some(p) => p,
+            None => self.pods().await?,
+        };
+        Ok((live, pods))
     }
 }
 
@@ -890,8 +938,8 @@ pub async fn reconcile(
         ctx.metrics.escalated("caches not ready");
     }
     // The design before the caches (`--test-fresh-reads`) reads every time, as it did.
-    let reads =
-        (!ctx.fresh_reads).then(|| std::sync::Arc::new(crate::pass_reads::PassReads::default()));
+    let reads = (!ctx.fresh_reads)
+        .then(|| std::sync::Arc::new(crate::pass_reads::PassReads::new(!ctx.forget_all_on_write)));
     let pass = Pass {
         client: match &reads {
             Some(r) => crate::pass_reads::observing_client(ctx.client.clone(), r.clone()),
@@ -1029,7 +1077,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
     let (live, pods) = if report.reason == reasons::NAMESPACE_ACCESS_DENIED.name {
         (None, Vec::new())
     } else {
-        (run.workload().await?, run.pods().await?)
+        run.status_inputs().await?
     };
     // A cached pass that got this far without escalating found nothing to do but, perhaps,
     // a changed status: it sends that one request itself, guarded by the cached fleet's
@@ -1359,6 +1407,7 @@ mod pass_reads_tests {
             own_writes: Default::default(),
             status_pace: Default::default(),
             prefetch: true,
+            forget_all_on_write: false,
         }
     }
 
@@ -1422,12 +1471,27 @@ mod pass_reads_tests {
             "metadata": {"name": name, "namespace": "ns", "labels": {FLEET_UID_LABEL: "u-1"}}})
     }
 
-    #[tokio::test]
-    async fn planning_reads_are_sent_once_between_writes_and_rereads_always() {
-        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    /// The API server's side of a mock.
+    type MockServer = mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A mock API server's handle, a client to it, and a fresh pass's record of reads with
+    /// the pass's observing client over that client.
+    fn observed_mock() -> (
+        MockServer,
+        Client,
+        Arc<crate::pass_reads::PassReads>,
+        Client,
+    ) {
+        let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
         let inner = Client::new(svc, "ns");
         let reads = Arc::new(crate::pass_reads::PassReads::default());
         let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
+        (handle, inner, reads, client)
+    }
+
+    #[tokio::test]
+    async fn planning_reads_are_sent_once_between_writes_and_rereads_always() {
+        let (mut handle, inner, reads, client) = observed_mock();
         let ctx = ctx(inner);
         let run = test_run(&ctx, client, fleet(), Some(reads.clone()));
         // The API server's side: every request the pass sends, in order.
@@ -1499,13 +1563,137 @@ mod pass_reads_tests {
         assert!(reads.reused() >= 4, "reused {}", reads.reused());
     }
 
+    /// A write of a fresh pass forgets only what the pass read of the written kind: after a
+    /// journal append (a write to the fleet) the workload and Pods are answered from the
+    /// pass's reads. The status at the end of the pass is computed from what the pass last
+    /// saw of its workload and Pods: a write to the same kind makes it read again, and the
+    /// workload's own write leaves its answer (docs/design.md "Reads of a fresh pass", "The
+    /// status of a fresh pass"). `--test-forget-all-on-write` and `--test-fresh-reads` read
+    /// both again, as before.
+    #[tokio::test]
+    async fn a_write_forgets_its_own_kind_and_the_status_uses_what_the_pass_last_saw() {
+        let (mut handle, inner, reads, client) = observed_mock();
+        let ctx = ctx(inner.clone());
+        let run = test_run(&ctx, client, fleet(), Some(reads.clone()));
+        let list = |names: &[&str]| {
+            serde_json::json!({"apiVersion": "v1", "kind": "PodList",
+                "metadata": {"resourceVersion": "5"},
+                "items": names.iter().map(|n| pod(n)).collect::<Vec<_>>()})
+        };
+        let fleet_json = || serde_json::to_value(fleet()).unwrap();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for answer_with in [
+                answer(sts("10")),
+                answer(list(&["f-0", "f-1"])),
+                answer(fleet_json()),
+                answer(pod("f-1")),
+                answer(list(&["f-0"])),
+                answer(sts("11")),
+                // --test-forget-all-on-write: the reads, the append, both read again.
+                answer(sts("12")),
+                answer(list(&["f-0"])),
+                answer(fleet_json()),
+                answer(sts("13")),
+                answer(list(&["f-0"])),
+                // --test-fresh-reads: both read.
+                answer(sts("14")),
+                answer(list(&["f-0"])),
+            ] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer_with);
+            }
+            seen
+        });
+        let rv = |w: &Option<workload::LiveWorkload>| {
+            w.as_ref()
+                .and_then(|w| w.meta().resource_version.clone())
+                .unwrap_or_default()
+        };
+        let append = |run: &Run<'_>| {
+            let api = run.api.clone();
+            async move {
+                api.patch(
+                    "f",
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(serde_json::json!({})),
+                )
+                .await
+                .unwrap();
+            }
+        };
+        let mut live = run.workload().await.unwrap();
+        assert_eq!(run.pods().await.unwrap().len(), 2);
+        // A journal append (a write to the fleet): nothing is read again, for planning or
+        // for the status.
+        append(&run).await;
+        assert_eq!(rv(&run.workload().await.unwrap()), "10");
+        assert_eq!(run.pods().await.unwrap().len(), 2);
+        let (w, pods) = run.status_inputs().await.unwrap();
+        assert_eq!((rv(&w).as_str(), pods.len()), ("10", 2));
+        // A Pod deleted by the pass: its Pods are listed again, its workload is not.
+        Api::<Pod>::namespaced(run.client.clone(), "ns")
+            .delete("f-1", &Default::default())
+            .await
+            .unwrap();
+        let (w, pods) = run.status_inputs().await.unwrap();
+        assert_eq!((rv(&w).as_str(), pods.len()), ("10", 1));
+        // The workload's own write: its answer is what the status shows.
+        let w = live.as_mut().unwrap();
+        w.set_replicas(3);
+        run.replace_workload(w).await.unwrap();
+        let (w, pods) = run.status_inputs().await.unwrap();
+        assert_eq!((rv(&w).as_str(), pods.len()), ("11", 1));
+        drop(run);
+
+        // `--test-forget-all-on-write`: the append forgets everything; the status reads again.
+        let reads = Arc::new(crate::pass_reads::PassReads::new(false));
+        let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
+        let run = test_run(&ctx, client, fleet(), Some(reads));
+        assert_eq!(rv(&run.workload().await.unwrap()), "12");
+        assert_eq!(run.pods().await.unwrap().len(), 1);
+        append(&run).await;
+        let (w, pods) = run.status_inputs().await.unwrap();
+        assert_eq!((rv(&w).as_str(), pods.len()), ("13", 1));
+        drop(run);
+
+        // `--test-fresh-reads` keeps no record: the status reads both.
+        let run = test_run(&ctx, inner, fleet(), None);
+        let (w, pods) = run.status_inputs().await.unwrap();
+        assert_eq!((rv(&w).as_str(), pods.len()), ("14", 1));
+        drop(run);
+        drop(ctx);
+        let seen = served(server, "every request expected was sent").await;
+        let (sts_get, pods_list, append_patch) = (
+            "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+            "GET /api/v1/namespaces/ns/pods",
+            "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+        );
+        assert_eq!(
+            seen,
+            [
+                sts_get,
+                pods_list,
+                append_patch,
+                "DELETE /api/v1/namespaces/ns/pods/f-1",
+                pods_list,
+                "PUT /apis/apps/v1/namespaces/ns/statefulsets/f",
+                sts_get,
+                pods_list,
+                append_patch,
+                sts_get,
+                pods_list,
+                sts_get,
+                pods_list,
+            ]
+        );
+    }
+
     /// The planning reads of a fresh pass go out at once, and the steps find them kept.
     #[tokio::test]
     async fn a_fresh_pass_sends_its_planning_reads_at_once_and_finds_them_kept() {
-        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let inner = Client::new(svc, "ns");
-        let reads = Arc::new(crate::pass_reads::PassReads::default());
-        let client = crate::pass_reads::observing_client(inner.clone(), reads.clone());
+        let (mut handle, inner, reads, client) = observed_mock();
         let ctx = ctx(inner);
         let mut f = fleet();
         f.spec.storage.storage_class_name = Some("sc".into());
