@@ -158,6 +158,11 @@ pub struct RunArgs {
     /// bench compares both side by side).
     #[arg(long, hide = true)]
     pub test_forget_all_on_write: bool,
+    /// Test clusters only: a cached pass decides nothing itself; any operation it finds to
+    /// decide or carry out is left to a fresh pass, as before cache-planned operations
+    /// (`crate::pass::planning_client`; the bench compares both side by side).
+    #[arg(long, hide = true)]
+    pub test_no_cache_planning: bool,
     /// Test clusters only: objects per page of a cluster-wide watch's list instead of
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -363,6 +368,7 @@ impl RunArgs {
             (self.test_fresh_reads, "--test-fresh-reads"),
             (self.test_no_prefetch, "--test-no-prefetch"),
             (self.test_forget_all_on_write, "--test-forget-all-on-write"),
+            (self.test_no_cache_planning, "--test-no-cache-planning"),
             (
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",

@@ -206,6 +206,7 @@ async fn reconcile_fleet(
             pass: match pass {
                 reconcile::PassKind::Cached => "cached",
                 reconcile::PassKind::Status => "status",
+                reconcile::PassKind::Planned => "planned",
                 reconcile::PassKind::Fresh => "fresh",
                 reconcile::PassKind::Stale => "stale",
             }
@@ -500,6 +501,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
+        cache_planning: !args.test_no_cache_planning,
         recorder: Some(kube::runtime::events::Recorder::new(
             client.clone(),
             kube::runtime::events::Reporter {

@@ -16,11 +16,15 @@ pub fn arm(point: FaultPoint) {
 
 /// Marks a boundary; exits with code 3 when it is the armed one and its count is reached.
 /// A cached pass (`crate::pass`) never counts a failpoint: reaching one means the reconcile
-/// is about to act, so the pass escalates and the fresh pass reaches it instead.
+/// is about to act, so the pass escalates and the fresh pass reaches it instead. Inside a
+/// planning pass's open decision (`crate::pass::decision`, an operation it may carry out
+/// itself) the failpoint counts as in a fresh pass.
 pub fn reach(name: &str) {
     if let Some(esc) = crate::pass::cached() {
-        esc.escalate(|| format!("failpoint {name}"));
-        return;
+        if !esc.deciding() {
+            esc.escalate(|| format!("failpoint {name}"));
+            return;
+        }
     }
     if let Some((point, count)) = ARMED.get() {
         if point.name == name && count.fetch_add(1, Ordering::SeqCst) + 1 == point.nth {

@@ -59,8 +59,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // Before the runtime starts its threads: an arena limit applies to arenas created
             // afterwards, so it is set while only this thread has allocated.
             limit_malloc_arenas(args.malloc_arenas);
+            // 8 MiB per worker, as the main thread has, instead of tokio's 2 MiB: a reconcile
+            // runs nested futures tens of KB each, and a debug build overflowed 2 MiB. Only
+            // the pages a worker touches are resident.
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
+                .thread_stack_size(8 << 20)
                 .build()?;
             runtime.block_on(celld_operator::controller::run(*args))?;
         }

@@ -207,7 +207,7 @@ impl Metrics {
             watched_namespaces: Gauge::default(),
             watch_connections: Gauge::default(),
         };
-        for pass in ["cached", "fresh"] {
+        for pass in ["cached", "planned", "fresh"] {
             drop(m.passes.get_or_create(&PassLabels {
                 pass: pass.to_string(),
             }));

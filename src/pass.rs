@@ -29,10 +29,22 @@ use kube::client::Body;
 use kube::Client;
 use tower::BoxError;
 
-/// Why a cached pass handed over to a fresh one (the first cause is kept).
+/// Why a cached pass handed over to a fresh one (the first cause is kept), and what a
+/// *planning* cached pass was permitted to do (docs/design.md "Cache-planned operations").
 #[derive(Debug, Default)]
 pub struct Escalation {
     cause: Mutex<Option<String>>,
+    /// The pass may decide and carry out the operations of [`plannable`] kinds from the
+    /// caches ([`planning_client`]); otherwise it writes nothing (the rule before).
+    planning: bool,
+    /// Depth of the open decisions ([`decision`]): inside one, the pass's failpoints count,
+    /// its effect boundary is crossed and its re-reads go to the API server.
+    deciding: std::sync::atomic::AtomicU32,
+    /// Depth of the open write permits ([`permit`]): the planning client sends a write only
+    /// inside one.
+    permits: std::sync::atomic::AtomicU32,
+    /// The pass sent a write under a permit.
+    wrote: std::sync::atomic::AtomicBool,
     /// The pass sent its one permitted request: the fleet's status, guarded by the cached
     /// fleet's resourceVersion (`reconcile::reconcile_pass`).
     status_sent: std::sync::atomic::AtomicBool,
@@ -43,6 +55,34 @@ pub struct Escalation {
 }
 
 impl Escalation {
+    /// A cached pass that may decide and carry out operations of [`plannable`] kinds.
+    pub fn planning() -> Self {
+        Self {
+            planning: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the pass may plan ([`Escalation::planning`]).
+    pub fn may_plan(&self) -> bool {
+        self.planning
+    }
+
+    /// Inside an open decision ([`decision`]).
+    pub fn deciding(&self) -> bool {
+        self.deciding.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// Inside an open write permit ([`permit`]).
+    pub fn permitted(&self) -> bool {
+        self.permits.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
+    /// Whether the pass sent a write under a permit.
+    pub fn wrote(&self) -> bool {
+        self.wrote.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Records `cause` unless an earlier one is recorded.
     pub fn escalate(&self, cause: impl FnOnce() -> String) {
         if let Ok(mut c) = self.cause.lock() {
@@ -105,12 +145,62 @@ pub fn cached() -> Option<Arc<Escalation>> {
     CACHED.try_with(Arc::clone).ok()
 }
 
-/// The Event recorder, outside a cached pass; inside one `None`, and the pass escalates
-/// (an Event is a request).
+/// Operation kinds a planning cached pass may decide and carry out from the caches: those
+/// whose only effect is one guarded write of the workload's replicas or template (not the
+/// strict ones, which [`plannable`]'s caller excludes; not Provision, whose effect is a
+/// create; never a replacement or a deletion, whose steps are destructive).
+pub fn plannable(kind: journal::OperationKind) -> bool {
+    use journal::OperationKind as K;
+    matches!(kind, K::Scale | K::Restart | K::Upgrade | K::TemplateUpdate)
+}
+
+/// Leaves its decision (or permit) when dropped.
+#[must_use]
+pub struct Scope {
+    esc: Arc<Escalation>,
+    permit: bool,
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let counter = if self.permit {
+            &self.esc.permits
+        } else {
+            &self.esc.deciding
+        };
+        counter.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Opens a decision of the running planning cached pass (`None` outside one, or in a pass
+/// that may not plan): until the returned scope is dropped, failpoints count, the effect
+/// boundary is crossed and re-reads go to the API server, as in a fresh pass.
+pub fn decision() -> Option<Scope> {
+    let esc = cached().filter(|e| e.planning)?;
+    esc.deciding
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Some(Scope { esc, permit: false })
+}
+
+/// Opens a write permit of the running planning cached pass: until the returned scope is
+/// dropped, [`planning_client`] sends writes (and the Event recorder is handed out).
+pub fn permit() -> Option<Scope> {
+    let esc = cached().filter(|e| e.planning)?;
+    esc.permits
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    Some(Scope { esc, permit: true })
+}
+
+/// The Event recorder, outside a cached pass or under a planning pass's write permit
+/// (the Events of the entries it appends); otherwise, inside a cached pass, `None`, and the
+/// pass escalates (an Event is a request).
 pub fn recorder(
     recorder: &Option<kube::runtime::events::Recorder>,
 ) -> Option<&kube::runtime::events::Recorder> {
     if let Some(esc) = cached() {
+        if esc.planning && esc.permitted() {
+            return recorder.as_ref();
+        }
         if recorder.is_some() {
             esc.escalate(|| "create events".into());
         }
@@ -145,6 +235,39 @@ pub fn refusing_client(esc: Arc<Escalation>) -> Client {
     Client::new(service, "default")
 }
 
+/// A planning cached pass's client: reads (GET, which includes lists) go to `inner` as they
+/// are; a write goes to `inner` only under a [`permit`] (and marks the pass as one that
+/// wrote); any other write is answered with [`Refused`] and recorded as the escalation
+/// cause, as [`refusing_client`] does.
+pub fn planning_client(esc: Arc<Escalation>, inner: Client) -> Client {
+    let namespace = inner.default_namespace().to_string();
+    let service = tower::service_fn(move |req: Request<Body>| {
+        let inner = inner.clone();
+        let esc = esc.clone();
+        async move {
+            if req.method() != http::Method::GET {
+                if !esc.permitted() {
+                    let info = crate::transport::RequestInfo::of(
+                        req.method().as_str(),
+                        req.uri().path(),
+                        req.uri().query(),
+                    );
+                    let cause = format!("{} {}", info.verb, info.resource);
+                    tracing::debug!(request = %info, "planning pass: write without a permit refused, escalating");
+                    esc.escalate(|| cause.clone());
+                    return Err::<Response<Body>, BoxError>(Box::new(Refused(cause)));
+                }
+                esc.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            inner
+                .send(req)
+                .await
+                .map_err(|e| -> BoxError { Box::new(e) })
+        }
+    });
+    Client::new(service, namespace)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +296,56 @@ mod tests {
         .await;
         assert!(cached().is_none());
         assert_eq!(esc.cause().as_deref(), Some("failpoint before-intent"));
+    }
+
+    #[tokio::test]
+    async fn the_planning_client_sends_reads_and_only_permitted_writes() {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let esc = Arc::new(Escalation::planning());
+        let client = planning_client(esc.clone(), Client::new(svc, "ns"));
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "p", "namespace": "ns"}});
+                send.send_response(Response::new(Body::from(pod.to_string().into_bytes())));
+            }
+            seen
+        });
+        let pods: Api<Pod> = Api::namespaced(client, "ns");
+        scope(esc.clone(), async {
+            pods.get_opt("p").await.expect("a read is sent");
+            let refused = pods.delete("p", &Default::default()).await.unwrap_err();
+            assert!(refused.to_string().contains("not sent"), "{refused}");
+            assert!(!esc.wrote());
+            {
+                let _permit = permit().expect("a planning pass");
+                assert!(esc.permitted());
+                pods.delete("p", &Default::default())
+                    .await
+                    .expect("a permitted write is sent");
+            }
+            assert!(!esc.permitted(), "the permit ends with its scope");
+            let _ = pods.delete("p", &Default::default()).await.unwrap_err();
+        })
+        .await;
+        drop(pods);
+        let seen = server.await.unwrap();
+        assert_eq!(
+            seen,
+            [
+                "GET /api/v1/namespaces/ns/pods/p",
+                "DELETE /api/v1/namespaces/ns/pods/p"
+            ]
+        );
+        assert_eq!(esc.cause().as_deref(), Some("delete pods"));
+        assert!(esc.wrote());
+        // A pass that may not plan gets no permit or decision.
+        let plain = Arc::new(Escalation::default());
+        scope(plain, async {
+            assert!(permit().is_none() && decision().is_none());
+        })
+        .await;
     }
 }

@@ -224,7 +224,7 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
         // Killed after its write (`after-effect`): the operation is issued in the world even
         // though the journal has no `Issued` yet. Record it as replayed before any cancel or
         // deadline rule for Intent could apply.
-        return issue(run, &op).await;
+        return Box::pin(issue(run, &op)).await;
     }
     if let Some(action) = run
         .journal
@@ -284,7 +284,7 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 ))
             });
         }
-        return issue(run, &op).await;
+        return Box::pin(issue(run, &op)).await;
     }
     if !op.observed {
         if let Some(why) = marker_moved_after_issue(run, &op).await? {
@@ -333,6 +333,8 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
             }
         }
     }
+    // A planning cached pass completes only an operation it may carry out itself.
+    let _decision = run.decide(op.kind, false)?;
     failpoint::reach("before-complete");
     run.append(
         op.id,
@@ -653,6 +655,9 @@ async fn close_unissued(
 
 /// Issues the operation's single workload step with the guarded write.
 async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
+    // In a planning cached pass, only an operation of a kind it may carry out itself; its
+    // reads below go to the API server (the pass's client sends reads as they are).
+    let _decision = run.decide(op.kind, super::strict::is_strict(&op.intent))?;
     let client = run.client.clone();
     let sts = uses_statefulset(&run.fleet.spec);
     let step = step_of(op.kind);
@@ -774,7 +779,11 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     }
     live.set_marker(&marker);
     run.before_effect();
-    let written = match run.replace_workload(&live).await {
+    // The one write a planning cached pass sends besides its appends and status.
+    let permit = crate::pass::permit();
+    let written = run.replace_workload(&live).await;
+    drop(permit);
+    let written = match written {
         Ok(w) => w,
         // Never retried with a newer version: the next reconcile decides again.
         Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -1205,6 +1214,11 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             // Every operation but a contraction creates Pods or claims: the ServiceAccount and
             // StorageClass are read fresh right before it is decided (docs/design.md "Fresh
             // reads").
+            // A planning cached pass decides this operation itself when it may carry it
+            // out (docs/design.md "Cache-planned operations"); otherwise it escalates here,
+            // before the failpoint, and a fresh pass decides. Inside the decision the
+            // ServiceAccount and StorageClass below are read fresh, as in a fresh pass.
+            let _decision = run.decide(kind, strict)?;
             let contraction = kind == OperationKind::Scale && to < from;
             if !contraction && !strict {
                 if let Some(report) = super::prereq::identity_and_storage(run).await? {
@@ -1230,7 +1244,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             };
             run.append(id, EntryBody::Intent(intent)).await?;
             failpoint::reach("after-intent");
-            drive_open(run).await
+            Box::pin(drive_open(run)).await
         }
     }
 }

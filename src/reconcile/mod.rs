@@ -105,6 +105,11 @@ pub struct Ctx {
     /// Every write of a fresh pass forgets all its reads and its status reads again
     /// (`--test-forget-all-on-write`, the design before [`crate::pass_reads`] scoped them).
     pub forget_all_on_write: bool,
+    /// A cached pass may decide and carry out Scale, rolling Restart, Upgrade and
+    /// TemplateUpdate operations itself ([`crate::pass::planning_client`]);
+    /// `--test-no-cache-planning` keeps the rule before (a cached pass writes nothing but
+    /// its status).
+    pub cache_planning: bool,
 }
 
 impl Ctx {
@@ -243,8 +248,12 @@ impl Run<'_> {
     /// pass's client does not see).
     pub fn before_effect(&self) {
         if let Some(esc) = crate::pass::cached() {
-            esc.escalate(|| "an effect".into());
-            return;
+            // A planning pass crosses the boundary of the one effect it may issue itself
+            // (inside its decision); any other effect is left to a fresh pass.
+            if !esc.deciding() {
+                esc.escalate(|| "an effect".into());
+                return;
+            }
         }
         self.forget_reads();
         self.ctx.check_lease();
@@ -284,6 +293,26 @@ impl Run<'_> {
             }
             None => false,
         }
+    }
+
+    /// Opens the decision of an operation of `kind` (`strict` or not) in a cached pass: a
+    /// planning pass that may carry it out itself gets the scope
+    /// ([`crate::pass::decision`]); any other cached pass escalates and gets
+    /// [`Error::Refused`]. Outside a cached pass: `Ok(None)`, nothing to open.
+    pub fn decide(
+        &self,
+        kind: journal::OperationKind,
+        strict: bool,
+    ) -> Result<Option<crate::pass::Scope>, Error> {
+        let Some(esc) = crate::pass::cached() else {
+            return Ok(None);
+        };
+        if esc.may_plan() && crate::pass::plannable(kind) && !strict {
+            return Ok(crate::pass::decision());
+        }
+        let what = format!("decide {kind}{}", if strict { " (strict)" } else { "" });
+        esc.escalate(|| what.clone());
+        Err(Error::Refused(format!("{what}: left to a fresh pass")))
     }
 
     /// The Event recorder (`None` in a cached pass, which then escalates).
@@ -343,7 +372,9 @@ impl Run<'_> {
     /// of its own target, never answered from the pass's earlier reads (in a cached pass,
     /// from the cache when it holds it, as [`Run::get_opt`]: a cached pass writes nothing).
     pub async fn reread<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
-        if let Some(cache) = &self.cache {
+        // Inside a planning pass's decision the re-read guards that pass's own write: it
+        // goes to the API server.
+        if let Some(cache) = self.cache.as_ref().filter(|_| !guarding()) {
             if let Some(obj) = K::store(cache).get(name) {
                 return Ok(Some(obj));
             }
@@ -358,7 +389,8 @@ impl Run<'_> {
     /// cached pass when it holds it, else a fresh GET.
     pub async fn service_account_exists(&self, name: &str) -> Result<bool, Error> {
         use k8s_openapi::api::core::v1::ServiceAccount;
-        if let Some(cache) = &self.cache {
+        // Inside a planning pass's decision: read fresh right before it is decided.
+        if let Some(cache) = self.cache.as_ref().filter(|_| !guarding()) {
             let key = kube::runtime::reflector::ObjectRef::new(name).within(&self.ns);
             if cache.service_accounts.get(&key).is_some() {
                 return Ok(true);
@@ -387,7 +419,8 @@ impl Run<'_> {
         name: &str,
     ) -> Result<Option<k8s_openapi::api::storage::v1::StorageClass>, Error> {
         use k8s_openapi::api::storage::v1::StorageClass;
-        if let Some(cache) = &self.cache {
+        // Inside a planning pass's decision: read fresh right before it is decided.
+        if let Some(cache) = self.cache.as_ref().filter(|_| !guarding()) {
             if let Some(sc) = cache
                 .storage_classes
                 .get(&kube::runtime::reflector::ObjectRef::new(name))
@@ -549,6 +582,22 @@ impl Run<'_> {
         if replace::closes_request(self, op, &body) {
             remove.push(crate::api::keys::REPLACE_MEMBER_ANNOTATION);
         }
+        // A planning cached pass appends only the entries of an operation it may carry out
+        // itself (docs/design.md "Cache-planned operations"); any other entry is decided by
+        // a fresh pass. Its append is the same compare-and-swap on the fleet's
+        // resourceVersion, here the cached copy's: a copy that lags is refused by the API
+        // server, and the reconcile goes on from fresh reads at once.
+        let _permit = match crate::pass::cached() {
+            Some(esc) => {
+                if !(esc.may_plan() && remove.is_empty() && self.plannable_entry(op, &body)) {
+                    let what = format!("append {:?}", body.entry_type());
+                    esc.escalate(|| what.clone());
+                    return Err(Error::Refused(format!("{what}: left to a fresh pass")));
+                }
+                crate::pass::permit()
+            }
+            None => None,
+        };
         let entry = NewEntry {
             at: Utc::now(),
             op,
@@ -556,7 +605,7 @@ impl Run<'_> {
             body,
         };
         let replaced = self.fleet.metadata.resource_version.clone();
-        let committed = journal_store::append(
+        let committed = match journal_store::append(
             &self.api,
             &self.fleet,
             &self.journal,
@@ -565,7 +614,15 @@ impl Run<'_> {
             self.ctx.mirror.as_ref(),
             &remove,
         )
-        .await?;
+        .await
+        {
+            Ok(c) => c,
+            Err(journal_store::AppendError::Conflict(why)) if _permit.is_some() => {
+                self.escalate(|| "append conflict (cached fleet behind)".into());
+                return Err(Error::Append(journal_store::AppendError::Conflict(why)));
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.wrote_fleet(replaced.as_deref());
         tracing::info!(
             fleet = %format!("{}/{}", self.ns, self.name),
@@ -589,6 +646,23 @@ impl Run<'_> {
             .inc();
         self.publish(&committed.entry).await;
         Ok(committed.entry)
+    }
+
+    /// Whether a planning cached pass may append `body` for operation `op` itself: the
+    /// `Intent` of a [`crate::pass::plannable`] kind that is not strict, and that operation's
+    /// `Issued`, `Observed` and `Completed`. Everything else (cancels, blocks, stalls,
+    /// recoveries, commands, proofs, retirements) is decided by a fresh pass.
+    fn plannable_entry(&self, op: OperationId, body: &EntryBody) -> bool {
+        let intent = match body {
+            EntryBody::Intent(i) => Some(i.clone()),
+            EntryBody::Issued(_) | EntryBody::Observed(_) | EntryBody::Completed(_) => self
+                .journal
+                .fold()
+                .operation(op)
+                .map(|o| o.intent().clone()),
+            _ => None,
+        };
+        intent.is_some_and(|i| crate::pass::plannable(i.kind) && !strict::is_strict(&i))
     }
 
     /// One Event per journal entry (docs/design.md "Events and metrics"): stable reason, the
@@ -839,6 +913,12 @@ impl Run<'_> {
     }
 }
 
+/// Inside a planning cached pass's open decision (`crate::pass::decision`): the reads that
+/// guard its own write, or that a decision is made from fresh, go to the API server.
+fn guarding() -> bool {
+    crate::pass::cached().is_some_and(|e| e.deciding())
+}
+
 /// The key of a labelled list in a pass's reads.
 fn list_key<K: crate::watches::Cached>(label: &str, uid: &str) -> String {
     format!("{}?{label}={uid}", K::kind(&()))
@@ -878,6 +958,10 @@ pub enum PassKind {
     /// Ended in the cached pass, which found nothing to do but a changed status and sent
     /// that one request (guarded by the cached fleet's resourceVersion).
     Status,
+    /// Ended in a planning cached pass that decided or carried out an operation itself
+    /// (docs/design.md "Cache-planned operations"): planned from the caches, its journal
+    /// appends and its one guarded workload write sent, each with its precondition.
+    Planned,
     /// Ran from fresh reads (after an escalated cached pass, or without one).
     Fresh,
     /// Not run: the cached fleet is older than a write this process made to it, whose watch
@@ -913,20 +997,39 @@ pub async fn reconcile(
         }
     }
     if let (Some(fleet), Some(cache)) = (cached, cache) {
-        let esc = std::sync::Arc::new(crate::pass::Escalation::default());
+        let esc = std::sync::Arc::new(if ctx.cache_planning {
+            crate::pass::Escalation::planning()
+        } else {
+            crate::pass::Escalation::default()
+        });
         let pass = Pass {
-            client: crate::pass::refusing_client(esc.clone()),
+            client: if ctx.cache_planning {
+                crate::pass::planning_client(esc.clone(), ctx.client.clone())
+            } else {
+                crate::pass::refusing_client(esc.clone())
+            },
             cache: Some(cache),
             fleet: Some(fleet.clone()),
             reads: None,
             stores: None,
         };
-        let result = crate::pass::scope(esc.clone(), reconcile_pass(ns, name, ctx, pass)).await;
+        // Boxed, as the fresh pass below: each pass's state is tens of KB, and a pass that
+        // plans runs as deep as a fresh one (a debug build overflowed a worker's stack).
+        let result =
+            crate::pass::scope(esc.clone(), Box::pin(reconcile_pass(ns, name, ctx, pass))).await;
         if let Some(left) = esc.stale_for() {
             tracing::debug!(fleet = %format!("{ns}/{name}"), "cached workload older than this process's own write; left to its watch event");
-            return (Ok(Next::After(left)), PassKind::Stale);
+            // A planning pass that issued its effect and then found the cached workload
+            // older than that write leaves the status to the write's watch event.
+            let kind = if esc.wrote() {
+                PassKind::Planned
+            } else {
+                PassKind::Stale
+            };
+            return (Ok(Next::After(left)), kind);
         }
         match esc.cause() {
+            None if esc.wrote() => return (result, PassKind::Planned),
             None if esc.sent_status() => return (result, PassKind::Status),
             None => return (result, PassKind::Cached),
             Some(cause) => {
@@ -953,7 +1056,7 @@ pub async fn reconcile(
             _ => None,
         },
     };
-    let result = reconcile_pass(ns, name, ctx, pass).await;
+    let result = Box::pin(reconcile_pass(ns, name, ctx, pass)).await;
     if let Some(r) = &reads {
         ctx.metrics.pass_reads_reused.inc_by(r.reused());
         tracing::debug!(fleet = %format!("{ns}/{name}"), reused = r.reused(), forgotten = r.forgotten(), "fresh pass done");
@@ -1279,7 +1382,7 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
         heal::force_delete_stuck(run).await?;
     }
     if run.journal.fold().current().is_some() {
-        let report = drive::drive_open(run).await?;
+        let report = Box::pin(drive::drive_open(run)).await?;
         if run.journal.fold().current().is_some() {
             // A replacement request that has to wait says why, unless the open operation is
             // blocked: that needs a person first, and its report must not be hidden (the
@@ -1317,7 +1420,7 @@ async fn reconcile_steps(run: &mut Run<'_>) -> Result<Report, Error> {
         return Ok(report);
     }
     // 13.–16. Image, ownership, plan.
-    drive::plan_and_open(run).await
+    Box::pin(drive::plan_and_open(run)).await
 }
 
 /// Sends at once the planning reads a fresh pass's steps make one after another (docs/design.md
@@ -1408,6 +1511,7 @@ mod pass_reads_tests {
             status_pace: Default::default(),
             prefetch: true,
             forget_all_on_write: false,
+            cache_planning: true,
         }
     }
 
@@ -1904,5 +2008,251 @@ mod pass_reads_tests {
             seen,
             vec!["PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f/status"; 3]
         );
+    }
+
+    /// A store of `objs` as a finished first list fills it, viewed for namespace `ns`.
+    fn listed<K>(objs: Vec<serde_json::Value>) -> crate::compact_store::CompactStore<K>
+    where
+        K: kube::Resource
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + Clone
+            + std::fmt::Debug,
+    {
+        use kube::runtime::watcher::Event;
+        let store = crate::compact_store::CompactStore::new(&[FLEET_UID_LABEL]);
+        store.apply(&Event::Init);
+        for o in objs {
+            store.apply(&Event::InitApply(serde_json::from_value(o).unwrap()));
+        }
+        store.apply(&Event::InitDone);
+        store.scoped("ns")
+    }
+
+    /// Namespace `ns`'s watch-fed stores holding `sts` and `pods` (nothing else).
+    fn cache_of(sts: serde_json::Value, pods: Vec<serde_json::Value>) -> crate::watches::NsCache {
+        crate::watches::NsCache {
+            pods: listed(pods),
+            statefulsets: listed(vec![sts]),
+            deployments: listed(vec![]),
+            claims: listed(vec![]),
+            services: listed(vec![]),
+            network_policies: listed(vec![]),
+            pdbs: listed(vec![]),
+            service_accounts: kube::runtime::reflector::store().0,
+            storage_classes: kube::runtime::reflector::store().0,
+            reservations: kube::runtime::reflector::store().0,
+        }
+    }
+
+    /// The fleet's StatefulSet at `rv` with `replicas`, owned and settled.
+    fn owned_sts(rv: &str, replicas: i32) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "f", "namespace": "ns", "resourceVersion": rv, "uid": "s-1",
+                         "generation": 4, "labels": {FLEET_UID_LABEL: "u-1"}},
+            "spec": {"replicas": replicas, "selector": {}, "serviceName": "f",
+                     "template": {"metadata": {}, "spec": {"containers": []}}},
+            "status": {"replicas": replicas, "readyReplicas": replicas, "observedGeneration": 4,
+                       "updatedReplicas": replicas, "currentReplicas": replicas,
+                       "availableReplicas": replicas}})
+    }
+
+    /// The fleet at resourceVersion 7 (spec.replicas 2) whose journal holds one open Intent:
+    /// Scale 3→2, victim member f-2 (UID p-2).
+    fn contracting() -> (CelldFleet, Journal, OperationId) {
+        let op = OperationId::new_v4();
+        let staged = Journal::new("u-1")
+            .stage(
+                NewEntry {
+                    at: Utc::now(),
+                    op,
+                    leader: Leader {
+                        identity: "test".into(),
+                        lease_transitions: 0,
+                        lease: None,
+                    },
+                    body: EntryBody::Intent(journal::Intent {
+                        kind: journal::OperationKind::Scale,
+                        from: 3,
+                        to: 2,
+                        token: None,
+                        image: None,
+                        reason: None,
+                        deadline: Utc::now() + chrono::Duration::minutes(30),
+                        targets: vec![journal::Target {
+                            pod: "f-2".into(),
+                            pod_uid: Some("p-2".into()),
+                            pod_ip: None,
+                            runtime_generation: None,
+                            claim: Some("data-f-2".into()),
+                            claim_uid: None,
+                            claim_resource_version: None,
+                        }],
+                        workload_uid: Some("s-1".into()),
+                        predecessor_effect: None,
+                    }),
+                },
+                Budget::default(),
+            )
+            .unwrap();
+        let journal = staged.into_journal();
+        let mut f = fleet();
+        f.metadata.resource_version = Some("7".into());
+        (f, journal, op)
+    }
+
+    /// A planning cached pass's `Run` of `fleet` over `cache`, with `client`.
+    fn planning_run<'a>(
+        ctx: &'a Ctx,
+        client: Client,
+        fleet: CelldFleet,
+        journal: Journal,
+        cache: crate::watches::NsCache,
+    ) -> Run<'a> {
+        let mut run = test_run(ctx, client, fleet, None);
+        run.journal = journal;
+        run.cache = Some(cache);
+        run
+    }
+
+    /// A planning cached pass carries out a contraction's step itself: the guarded write's
+    /// fresh reads (the workload, the recorded victim), the write, the `Issued` append, and
+    /// nothing more; the planning reads before them come from the caches.
+    #[tokio::test]
+    async fn a_planning_pass_issues_a_contraction_with_its_guards_and_nothing_else() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let ctx = ctx(inner.clone());
+        let (contracting, journal, _op) = contracting();
+        let esc = Arc::new(crate::pass::Escalation::planning());
+        let client = crate::pass::planning_client(esc.clone(), inner);
+        let members = (0..3)
+            .map(|i| {
+                let mut p = pod(&format!("f-{i}"));
+                p["metadata"]["uid"] = format!("p-{i}").into();
+                p
+            })
+            .collect();
+        let cache = cache_of(owned_sts("20", 3), members);
+        let mut run = planning_run(&ctx, client, contracting, journal, cache);
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut victim = pod("f-2");
+            victim["metadata"]["uid"] = "p-2".into();
+            let mut patched = serde_json::to_value(fleet()).unwrap();
+            patched["metadata"]["resourceVersion"] = "8".into();
+            for answer_with in [owned_sts("21", 3), victim, owned_sts("22", 2), patched] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer(answer_with));
+            }
+            seen
+        });
+        let report = crate::pass::scope(esc.clone(), drive::drive_open(&mut run))
+            .await
+            .unwrap();
+        assert!(
+            report.message.contains("effect issued"),
+            "{}",
+            report.message
+        );
+        let current = run.journal.fold().current().cloned().expect("still open");
+        assert!(current.issued_anything(), "Issued was appended");
+        drop(run);
+        assert_eq!(
+            served(server, "four requests").await,
+            [
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "GET /api/v1/namespaces/ns/pods/f-2",
+                "PUT /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+            ]
+        );
+        assert_eq!(esc.cause(), None, "no escalation");
+        assert!(esc.wrote());
+        assert!(!esc.deciding() && !esc.permitted(), "every scope closed");
+    }
+
+    /// When the guard's fresh read shows a change the cache did not, a planning pass neither
+    /// cancels nor fences: it escalates at the fence's write, and the fresh pass decides.
+    /// A cached pass that may not plan, and a planning pass on an operation it may not carry
+    /// out, escalate before sending anything.
+    #[tokio::test]
+    async fn a_planning_pass_leaves_every_other_decision_to_a_fresh_pass() {
+        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let ctx = ctx(inner.clone());
+        let (fleet, journal, op) = contracting();
+        let esc = Arc::new(crate::pass::Escalation::planning());
+        let client = crate::pass::planning_client(esc.clone(), inner.clone());
+        let cache = cache_of(owned_sts("20", 3), vec![]);
+        let mut run = planning_run(&ctx, client, fleet.clone(), journal.clone(), cache);
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            // The guard's read finds 4 replicas; the fence re-reads before its write.
+            for answer_with in [owned_sts("21", 4), owned_sts("21", 4)] {
+                let (req, send) = handle.next_request().await.expect("a request");
+                seen.push(format!("{} {}", req.method(), req.uri().path()));
+                send.send_response(answer(answer_with));
+            }
+            seen
+        });
+        let ended = crate::pass::scope(esc.clone(), drive::drive_open(&mut run)).await;
+        assert!(
+            ended.is_err(),
+            "the pass ends: {:?}",
+            ended.map(|r| r.message)
+        );
+        assert_eq!(esc.cause().as_deref(), Some("update statefulsets"));
+        assert!(!esc.wrote());
+        assert!(
+            run.journal
+                .fold()
+                .current()
+                .is_some_and(|o| !o.issued_anything()),
+            "nothing appended"
+        );
+        drop(run);
+        assert_eq!(
+            served(server, "the two reads").await,
+            [
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+            ]
+        );
+
+        // Nothing is sent from here on: the mock has no server left.
+        let (svc, _gone) = mock::pair::<Request<Body>, Response<Body>>();
+        let dead = Client::new(svc, "ns");
+        // A cached pass that may not plan escalates at the decision.
+        let esc = Arc::new(crate::pass::Escalation::default());
+        let cache = cache_of(owned_sts("20", 3), vec![]);
+        let mut run = planning_run(
+            &ctx,
+            crate::pass::refusing_client(esc.clone()),
+            fleet.clone(),
+            journal.clone(),
+            cache,
+        );
+        let ended = crate::pass::scope(esc.clone(), drive::drive_open(&mut run)).await;
+        assert!(matches!(ended, Err(Error::Refused(_))));
+        assert_eq!(esc.cause().as_deref(), Some("decide Scale"));
+        // A planning pass appends no entry but an operation's it may carry out.
+        let esc = Arc::new(crate::pass::Escalation::planning());
+        let cache = cache_of(owned_sts("20", 3), vec![]);
+        let mut run = planning_run(
+            &ctx,
+            crate::pass::planning_client(esc.clone(), dead),
+            fleet,
+            journal,
+            cache,
+        );
+        let canceled = EntryBody::Canceled(journal::Canceled {
+            reason: journal::CancelReason::PredecessorChanged,
+        });
+        let ended = crate::pass::scope(esc.clone(), run.append(op, canceled)).await;
+        assert!(matches!(ended, Err(Error::Refused(_))));
+        assert_eq!(esc.cause().as_deref(), Some("append Canceled"));
+        assert!(!esc.wrote());
     }
 }
