@@ -1214,13 +1214,20 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             // Every operation but a contraction creates Pods or claims: the ServiceAccount and
             // StorageClass are read fresh right before it is decided (docs/design.md "Fresh
             // reads").
+            let contraction = kind == OperationKind::Scale && to < from;
+            if !contraction && !strict {
+                if let Some(report) = super::prereq::identity_and_storage(run).await? {
+                    return Ok(report);
+                }
+            }
             // A planning cached pass decides this operation itself when it may carry it
             // out (docs/design.md "Cache-planned operations"); otherwise it escalates here,
             // before the failpoint, and a fresh pass decides. Inside the decision the
-            // ServiceAccount and StorageClass below are read fresh, as in a fresh pass.
-            let _decision = run.decide(kind, strict)?;
-            let contraction = kind == OperationKind::Scale && to < from;
-            if !contraction && !strict {
+            // ServiceAccount and StorageClass are read again, fresh, as a fresh pass read
+            // them (the check above was from the caches: a fleet blocked on a missing one
+            // costs no request).
+            let decision = run.decide(kind, strict)?;
+            if decision.is_some() && !contraction && !strict {
                 if let Some(report) = super::prereq::identity_and_storage(run).await? {
                     return Ok(report);
                 }
