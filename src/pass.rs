@@ -182,10 +182,12 @@ pub fn decision() -> Option<Scope> {
     Some(Scope { esc, permit: false })
 }
 
-/// Opens a write permit of the running planning cached pass: until the returned scope is
-/// dropped, [`planning_client`] sends writes (and the Event recorder is handed out).
+/// Opens a write permit of the running planning cached pass (`None` once it has escalated):
+/// until the returned scope is dropped, [`planning_client`] sends writes (and the Event
+/// recorder is handed out).
 pub fn permit() -> Option<Scope> {
-    let esc = cached().filter(|e| e.planning)?;
+    // A pass that has escalated writes nothing more: the fresh pass decides again.
+    let esc = cached().filter(|e| e.planning && !e.escalated())?;
     esc.permits
         .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     Some(Scope { esc, permit: true })
@@ -316,8 +318,6 @@ mod tests {
         let pods: Api<Pod> = Api::namespaced(client, "ns");
         scope(esc.clone(), async {
             pods.get_opt("p").await.expect("a read is sent");
-            let refused = pods.delete("p", &Default::default()).await.unwrap_err();
-            assert!(refused.to_string().contains("not sent"), "{refused}");
             assert!(!esc.wrote());
             {
                 let _permit = permit().expect("a planning pass");
@@ -327,6 +327,10 @@ mod tests {
                     .expect("a permitted write is sent");
             }
             assert!(!esc.permitted(), "the permit ends with its scope");
+            let refused = pods.delete("p", &Default::default()).await.unwrap_err();
+            assert!(refused.to_string().contains("not sent"), "{refused}");
+            // Once escalated, the pass gets no permit: the fresh pass decides again.
+            assert!(permit().is_none());
             let _ = pods.delete("p", &Default::default()).await.unwrap_err();
         })
         .await;

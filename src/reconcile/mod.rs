@@ -589,7 +589,11 @@ impl Run<'_> {
         // server, and the reconcile goes on from fresh reads at once.
         let _permit = match crate::pass::cached() {
             Some(esc) => {
-                if !(esc.may_plan() && remove.is_empty() && self.plannable_entry(op, &body)) {
+                if !(esc.may_plan()
+                    && !esc.escalated()
+                    && remove.is_empty()
+                    && self.plannable_entry(op, &body))
+                {
                     let what = format!("append {:?}", body.entry_type());
                     esc.escalate(|| what.clone());
                     return Err(Error::Refused(format!("{what}: left to a fresh pass")));
