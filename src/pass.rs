@@ -223,18 +223,24 @@ pub struct Refused(pub String);
 pub fn refusing_client(esc: Arc<Escalation>) -> Client {
     let service = tower::service_fn(
         move |req: Request<Body>| -> Ready<Result<Response<Body>, BoxError>> {
-            let info = crate::transport::RequestInfo::of(
-                req.method().as_str(),
-                req.uri().path(),
-                req.uri().query(),
-            );
-            let cause = format!("{} {}", info.verb, info.resource);
-            tracing::debug!(request = %info, "cached pass: request refused, escalating");
-            esc.escalate(|| cause.clone());
-            ready(Err(Box::new(Refused(cause))))
+            ready(Err(Box::new(refuse(&esc, &req))))
         },
     );
     Client::new(service, "default")
+}
+
+/// Refuses `req` in a cached pass: records it (`verb resource`, as the audit log names it)
+/// as the escalation cause and returns the error the pass's request gets.
+fn refuse(esc: &Escalation, req: &Request<Body>) -> Refused {
+    let info = crate::transport::RequestInfo::of(
+        req.method().as_str(),
+        req.uri().path(),
+        req.uri().query(),
+    );
+    let cause = format!("{} {}", info.verb, info.resource);
+    tracing::debug!(request = %info, planning = esc.planning, "cached pass: request refused, escalating");
+    esc.escalate(|| cause.clone());
+    Refused(cause)
 }
 
 /// A planning cached pass's client: reads (GET, which includes lists) go to `inner` as they
@@ -249,15 +255,7 @@ pub fn planning_client(esc: Arc<Escalation>, inner: Client) -> Client {
         async move {
             if req.method() != http::Method::GET {
                 if !esc.permitted() {
-                    let info = crate::transport::RequestInfo::of(
-                        req.method().as_str(),
-                        req.uri().path(),
-                        req.uri().query(),
-                    );
-                    let cause = format!("{} {}", info.verb, info.resource);
-                    tracing::debug!(request = %info, "planning pass: write without a permit refused, escalating");
-                    esc.escalate(|| cause.clone());
-                    return Err::<Response<Body>, BoxError>(Box::new(Refused(cause)));
+                    return Err::<Response<Body>, BoxError>(Box::new(refuse(&esc, &req)));
                 }
                 esc.wrote.store(true, std::sync::atomic::Ordering::SeqCst);
             }

@@ -2119,17 +2119,24 @@ mod pass_reads_tests {
         run
     }
 
+    /// A mock API server's handle, a client to it, and a planning cached pass's record with
+    /// its planning client over that client.
+    fn planning_mock() -> (MockServer, Client, Arc<crate::pass::Escalation>, Client) {
+        let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let inner = Client::new(svc, "ns");
+        let esc = Arc::new(crate::pass::Escalation::planning());
+        let client = crate::pass::planning_client(esc.clone(), inner.clone());
+        (handle, inner, esc, client)
+    }
+
     /// A planning cached pass carries out a contraction's step itself: the guarded write's
     /// fresh reads (the workload, the recorded victim), the write, the `Issued` append, and
     /// nothing more; the planning reads before them come from the caches.
     #[tokio::test]
     async fn a_planning_pass_issues_a_contraction_with_its_guards_and_nothing_else() {
-        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let inner = Client::new(svc, "ns");
-        let ctx = ctx(inner.clone());
+        let (mut handle, inner, esc, client) = planning_mock();
+        let ctx = ctx(inner);
         let (contracting, journal, _op) = contracting();
-        let esc = Arc::new(crate::pass::Escalation::planning());
-        let client = crate::pass::planning_client(esc.clone(), inner);
         let members = (0..3)
             .map(|i| {
                 let mut p = pod(&format!("f-{i}"));
@@ -2183,12 +2190,9 @@ mod pass_reads_tests {
     /// out, escalate before sending anything.
     #[tokio::test]
     async fn a_planning_pass_leaves_every_other_decision_to_a_fresh_pass() {
-        let (svc, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let inner = Client::new(svc, "ns");
-        let ctx = ctx(inner.clone());
+        let (mut handle, inner, esc, client) = planning_mock();
+        let ctx = ctx(inner);
         let (fleet, journal, op) = contracting();
-        let esc = Arc::new(crate::pass::Escalation::planning());
-        let client = crate::pass::planning_client(esc.clone(), inner.clone());
         let cache = cache_of(owned_sts("20", 3), vec![]);
         let mut run = planning_run(&ctx, client, fleet.clone(), journal.clone(), cache);
         let server = tokio::spawn(async move {
