@@ -663,9 +663,15 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
     let marker = effect.to_string();
-    let live = workload::get(&client, &run.ns, &run.name, sts)
-        .await
-        .ctx(|| "reading the workload".into())?;
+    // The guard's fresh reads go out together: the workload, and the recorded victim of a
+    // contraction or the claims at a growth's new names. Each is checked below in the order
+    // it always was; the write still carries the resourceVersion read here.
+    let (live, victim, claims) = tokio::join!(
+        workload::get(&client, &run.ns, &run.name, sts),
+        victim_unchanged(run, op),
+        new_members_claims_ok(run, op),
+    );
+    let live = live.ctx(|| "reading the workload".into())?;
 
     if let Some(live) = &live {
         if live.marker() == Some(marker.as_str()) {
@@ -674,7 +680,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             run.append(op.id, issued(step, effect, rv.clone(), rv, true))
                 .await?;
             return Ok(progress(
-                op,
+                &now_open(run, op),
                 "effect found already applied; recorded as replayed",
             ));
         }
@@ -692,7 +698,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
                 "The workload appeared before it was created; planning again".into(),
             ));
         }
-        if let Err(why) = new_members_claims_ok(run, op).await? {
+        if let Err(why) = claims? {
             return cancel_predecessor_changed(run, op, &why).await;
         }
         let want = rendered(run, op.intent.to, op.intent.token.as_deref());
@@ -756,8 +762,8 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             w.replicas(),
             op.intent.from
         )),
-        Some(_) => match victim_unchanged(run, op).await? {
-            Ok(()) => new_members_claims_ok(run, op).await?,
+        Some(_) => match victim? {
+            Ok(()) => claims?,
             Err(why) => Err(why),
         },
     };
@@ -804,7 +810,20 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
         ),
     )
     .await?;
-    Ok(progress(op, "effect issued"))
+    // What the next pass reports until the workload controller has seen the write: said
+    // now, with the phase the journal holds now, so that pass has no message to correct
+    // (a status write of its own).
+    Ok(progress(&now_open(run, op), WAITING_FOR_OBSERVATION))
+}
+
+/// The detail reported while the workload controller has not yet observed an issued write.
+const WAITING_FOR_OBSERVATION: &str = "waiting for the workload controller to observe the change";
+
+/// `op` as the journal holds it now (its phase after this pass's appends).
+fn now_open(run: &Run<'_>, op: &OpenOp) -> OpenOp {
+    open_op(run)
+        .filter(|o| o.id == op.id)
+        .unwrap_or_else(|| op.clone())
 }
 
 /// The first step's guard failed while nothing was issued: `Canceled{PredecessorChanged}`,
@@ -910,9 +929,7 @@ async fn target_reached(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>
         return Ok(Err("the workload is gone".into()));
     };
     if !live.observed_current() {
-        return Ok(Err(
-            "waiting for the workload controller to observe the change".into(),
-        ));
+        return Ok(Err(WAITING_FOR_OBSERVATION.into()));
     }
     let pods: Vec<Pod> = run
         .pods()
