@@ -663,15 +663,9 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
     let marker = effect.to_string();
-    // The guard's fresh reads go out together: the workload, and the recorded victim of a
-    // contraction or the claims at a growth's new names. Each is checked below in the order
-    // it always was; the write still carries the resourceVersion read here.
-    let (live, victim, claims) = tokio::join!(
-        workload::get(&client, &run.ns, &run.name, sts),
-        victim_unchanged(run, op),
-        new_members_claims_ok(run, op),
-    );
-    let live = live.ctx(|| "reading the workload".into())?;
+    let live = workload::get(&client, &run.ns, &run.name, sts)
+        .await
+        .ctx(|| "reading the workload".into())?;
 
     if let Some(live) = &live {
         if live.marker() == Some(marker.as_str()) {
@@ -698,7 +692,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
                 "The workload appeared before it was created; planning again".into(),
             ));
         }
-        if let Err(why) = claims? {
+        if let Err(why) = new_members_claims_ok(run, op).await? {
             return cancel_predecessor_changed(run, op, &why).await;
         }
         let want = rendered(run, op.intent.to, op.intent.token.as_deref());
@@ -762,8 +756,8 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             w.replicas(),
             op.intent.from
         )),
-        Some(_) => match victim? {
-            Ok(()) => claims?,
+        Some(_) => match victim_unchanged(run, op).await? {
+            Ok(()) => new_members_claims_ok(run, op).await?,
             Err(why) => Err(why),
         },
     };

@@ -263,7 +263,7 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
             reason = "ForeignOperator",
             "blocked: {message}"
         );
-        {
+        if let Some(recorder) = run.recorder() {
             let event = Event {
                 type_: EventType::Warning,
                 reason: "ForeignOperator".into(),
@@ -271,11 +271,9 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
                 action: "ForeignOperator".into(),
                 secondary: None,
             };
-            run.send_event(
-                event,
-                run.fleet.object_ref(&()),
-                "the ForeignOperator Event".into(),
-            );
+            if let Err(e) = recorder.publish(&event, &run.fleet.object_ref(&())).await {
+                tracing::warn!(error = %e, "publishing the ForeignOperator Event failed");
+            }
         }
     }
     Ok(Some(Report::blocked(&reasons::FOREIGN_OPERATOR, message)))

@@ -468,7 +468,8 @@ pub(crate) async fn force_delete_stuck(run: &Run<'_>) -> Result<(), Error> {
                 "Pod {name} removed with grace 0 after its node failed to confirm termination; the member restarts on its own disk"
             ),
             &pod,
-        );
+        )
+        .await;
     }
     Ok(())
 }

@@ -74,22 +74,7 @@ fn identity_and_storage_due(run: &Run<'_>) -> bool {
 /// verified generation when both are fine.
 pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error> {
     let sa = &run.fleet.spec.service_account_name;
-    let class_name = run
-        .fleet
-        .spec
-        .storage
-        .storage_class_name
-        .clone()
-        .unwrap_or_default();
-    // Both reads go out together; they are checked in this order.
-    let (sa_exists, class) = tokio::join!(run.service_account_exists(sa), async {
-        if run.fleet.spec.profile == Profile::PersistentFleet {
-            Some(run.storage_class(&class_name).await)
-        } else {
-            None
-        }
-    });
-    if !sa_exists? {
+    if !run.service_account_exists(sa).await? {
         return Ok(Some(Report::blocked(
             &reasons::SERVICE_ACCOUNT_MISSING,
             format!(
@@ -98,8 +83,15 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
             ),
         )));
     }
-    if let Some(class) = class {
-        match class? {
+    if run.fleet.spec.profile == Profile::PersistentFleet {
+        let class_name = run
+            .fleet
+            .spec
+            .storage
+            .storage_class_name
+            .clone()
+            .unwrap_or_default();
+        match run.storage_class(&class_name).await? {
             None => {
                 return Ok(Some(Report::blocked(
                     &reasons::STORAGE_CLASS_MISSING,

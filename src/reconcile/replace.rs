@@ -781,7 +781,7 @@ async fn delete_pod(
             format!("Replacing member {} on a fresh disk: {reason}", t.pod),
         )
     };
-    run.member_event(event, note, &pod);
+    run.member_event(event, note, &pod).await;
     Ok(progress(
         &current(run, o.id()),
         &format!("member {} is being deleted", t.pod),
