@@ -811,7 +811,8 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
 }
 
 /// The detail reported while the workload controller has not yet observed an issued write.
-const WAITING_FOR_OBSERVATION: &str = "waiting for the workload controller to observe the change";
+pub(crate) const WAITING_FOR_OBSERVATION: &str =
+    "waiting for the workload controller to observe the change";
 
 /// `op` as the journal holds it now (its phase after this pass's appends).
 fn now_open(run: &Run<'_>, op: &OpenOp) -> OpenOp {

@@ -507,10 +507,7 @@ pub(crate) async fn drive(run: &mut Run<'_>, open: &OpenOp) -> Result<Report, Er
         } else {
             let live = run.workload().await?;
             if !live.as_ref().is_some_and(LiveWorkload::observed_current) {
-                return Ok(progress(
-                    &o,
-                    "waiting for the workload controller to observe the change",
-                ));
+                return Ok(progress(&o, super::drive::WAITING_FOR_OBSERVATION));
             }
             let t = &intent.targets[0];
             format!(
