@@ -18,6 +18,7 @@ pub mod pass_reads;
 pub mod reconcile;
 pub mod render;
 pub mod repair;
+pub mod slots;
 pub mod status_pace;
 pub mod status_view;
 pub mod transport;

@@ -55,6 +55,13 @@ pub struct PassLabels {
     pub pass: String,
 }
 
+/// `class`: what a reconcile waited for a slot to send first (`crate::slots::Class`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotLabels {
+    /// `decisive` or `status`.
+    pub class: String,
+}
+
 /// `cause`: why a cached pass escalated.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
@@ -74,6 +81,11 @@ type VerbHistogram = Family<VerbLabels, Histogram, fn() -> Histogram>;
 fn request_histogram() -> Histogram {
     // 1 ms … 8.2 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
+}
+
+/// Buckets of `celld_operator_reconcile_slot_wait_seconds`: 1 ms to about 16 s.
+fn slot_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
 /// `reason`.
@@ -125,6 +137,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReasonLabels, Counter<u64, AtomicU64>>,
     /// Reconcile duration.
     pub reconcile_duration: Histogram,
+    /// How long a reconcile's first request waited for a slot, by class (`crate::slots`).
+    pub slot_wait: Family<SlotLabels, Histogram>,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
     /// Time from sending a request to its answer's headers, by verb (watches excluded).
@@ -192,6 +206,7 @@ impl Metrics {
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
+            slot_wait: Family::new_with_constructor(slot_wait_histogram),
             api_requests: Family::default(),
             api_request_seconds: Family::new_with_constructor(request_histogram),
             replacements: Family::default(),
@@ -314,6 +329,11 @@ impl Metrics {
             "celld_operator_reconcile_duration_seconds",
             "reconcile duration",
             m.reconcile_duration.clone(),
+        );
+        r.register(
+            "celld_operator_reconcile_slot_wait_seconds",
+            "how long a reconcile's first request waited for a reconcile slot, by class (decisive: anything but a fleet status write; status)",
+            m.slot_wait.clone(),
         );
         r.register(
             "celld_operator_api_requests",

@@ -483,6 +483,18 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
         r.active_at_once_peak,
         r.active_at_once_mean
     );
+    if !r.slot_wait_ms_by_class.is_empty() {
+        let waits: Vec<String> = r
+            .slot_wait_ms_by_class
+            .iter()
+            .map(|(class, (ms, n))| format!("{class} {ms:.1} ms ({n:.0})"))
+            .collect();
+        let _ = writeln!(
+            o,
+            "{pad}  mean wait for a slot at the first request (reconciles): {}",
+            waits.join(", ")
+        );
+    }
     let _ = writeln!(
         o,
         "{pad}  requests per operation by request: {}",

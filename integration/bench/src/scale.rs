@@ -445,6 +445,10 @@ pub struct Reaction {
     /// Mean answer time of the operator's requests meanwhile, by verb (ms; empty when the
     /// binary does not time them).
     pub request_ms_by_verb: BTreeMap<String, f64>,
+    /// Mean wait of a reconcile's first request for a slot meanwhile, by class (ms), and
+    /// how many reconciles took a slot (empty when the binary does not take slots at the
+    /// first request: `--test-fifo-slots` or an older binary).
+    pub slot_wait_ms_by_class: BTreeMap<String, (f64, f64)>,
     /// Requests per completed operation by `verb resource` (Lease excluded).
     pub per_operation_by_request: BTreeMap<String, f64>,
 }
@@ -1599,6 +1603,7 @@ async fn react(
             0.0
         },
         request_ms_by_verb: d.request_ms_by_verb(),
+        slot_wait_ms_by_class: d.slot_wait_ms_by_class(),
         per_operation_by_request: d
             .requests
             .iter()

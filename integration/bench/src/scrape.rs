@@ -46,6 +46,11 @@ pub struct Snapshot {
     pub request_seconds: BTreeMap<String, f64>,
     /// The same histogram's `_count` by verb.
     pub requests_timed: BTreeMap<String, f64>,
+    /// `celld_operator_reconcile_slot_wait_seconds` by class: `_sum` (empty when the binary
+    /// does not export it).
+    pub slot_wait_seconds: BTreeMap<String, f64>,
+    /// The same histogram's `_count` by class.
+    pub slot_waits: BTreeMap<String, f64>,
     /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
     pub fleets_reconciled: Option<f64>,
     /// `celld_operator_leader_ready_seconds` (gauge, set once); `None` when not exported or
@@ -81,6 +86,8 @@ impl Snapshot {
             reconcile_seconds: self.reconcile_seconds - before.reconcile_seconds,
             request_seconds: sub(&self.request_seconds, &before.request_seconds),
             requests_timed: sub(&self.requests_timed, &before.requests_timed),
+            slot_wait_seconds: sub(&self.slot_wait_seconds, &before.slot_wait_seconds),
+            slot_waits: sub(&self.slot_waits, &before.slot_waits),
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
             passes: self.passes.as_ref().map(|a| {
@@ -123,6 +130,10 @@ pub struct Delta {
     pub request_seconds: BTreeMap<String, f64>,
     /// Timed requests, by verb.
     pub requests_timed: BTreeMap<String, f64>,
+    /// Seconds reconciles' first requests waited for a slot, by class.
+    pub slot_wait_seconds: BTreeMap<String, f64>,
+    /// Reconciles that took a slot, by class.
+    pub slot_waits: BTreeMap<String, f64>,
     /// Failed reconciles by reason.
     pub errors: BTreeMap<String, f64>,
     /// Journal entries appended by type.
@@ -172,6 +183,8 @@ impl Delta {
             reconcile_seconds: self.reconcile_seconds / n,
             request_seconds: div(&self.request_seconds),
             requests_timed: div(&self.requests_timed),
+            slot_wait_seconds: div(&self.slot_wait_seconds),
+            slot_waits: div(&self.slot_waits),
             errors: div(&self.errors),
             appends: div(&self.appends),
             passes: self.passes.as_ref().map(div),
@@ -188,6 +201,19 @@ impl Delta {
             .map(|(verb, n)| {
                 let secs = self.request_seconds.get(verb).copied().unwrap_or(0.0);
                 (verb.clone(), secs * 1000.0 / n)
+            })
+            .collect()
+    }
+
+    /// Mean wait of a reconcile's first request for a slot by class, in ms, and how many
+    /// took one (empty when the binary does not export it).
+    pub fn slot_wait_ms_by_class(&self) -> BTreeMap<String, (f64, f64)> {
+        self.slot_waits
+            .iter()
+            .filter(|(_, n)| **n > 0.0)
+            .map(|(class, n)| {
+                let secs = self.slot_wait_seconds.get(class).copied().unwrap_or(0.0);
+                (class.clone(), (secs * 1000.0 / n, *n))
             })
             .collect()
     }
@@ -356,6 +382,12 @@ pub fn parse(text: &str) -> Snapshot {
             "celld_operator_api_request_duration_seconds_count" => {
                 *s.requests_timed.entry(label("verb")).or_default() += value;
             }
+            "celld_operator_reconcile_slot_wait_seconds_sum" => {
+                *s.slot_wait_seconds.entry(label("class")).or_default() += value;
+            }
+            "celld_operator_reconcile_slot_wait_seconds_count" => {
+                *s.slot_waits.entry(label("class")).or_default() += value;
+            }
             "celld_operator_reconcile_errors_total" => {
                 *s.errors.entry(label("reason")).or_default() += value;
             }
@@ -442,7 +474,23 @@ mod tests {
         assert_eq!(d.per(2.0).writes(), 1.0);
         assert_eq!(d.lease_requests(), 2.0);
         assert_eq!(d.fleet_requests(), 4.0);
+        assert!(d.slot_wait_ms_by_class().is_empty(), "not exported");
         assert_eq!((d.passes, d.escalations), (None, None), "not exported");
+        let waited = parse(
+            "celld_operator_reconcile_slot_wait_seconds_sum{class=\"decisive\"} 0.5\n\
+             celld_operator_reconcile_slot_wait_seconds_count{class=\"decisive\"} 10\n\
+             celld_operator_reconcile_slot_wait_seconds_bucket{class=\"decisive\",le=\"0.001\"} 4\n\
+             celld_operator_reconcile_slot_wait_seconds_sum{class=\"status\"} 2\n\
+             celld_operator_reconcile_slot_wait_seconds_count{class=\"status\"} 4\n",
+        )
+        .since(&before);
+        assert_eq!(
+            waited.slot_wait_ms_by_class(),
+            BTreeMap::from([
+                ("decisive".to_string(), (50.0, 10.0)),
+                ("status".to_string(), (500.0, 4.0))
+            ])
+        );
         let gauges_only = parse("celld_operator_fleets_reconciled 0\n");
         assert_eq!(
             (gauges_only.passes, gauges_only.escalations),
