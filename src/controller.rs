@@ -214,17 +214,21 @@ async fn reconcile_fleet(
     let cached = fleet.fleet();
     // Its first request waits for a reconcile slot (`crate::slots`).
     let metrics = ctx.metrics.clone();
-    let (result, pass) = crate::slots::scope(
-        ctx.slots.clone(),
-        move |class, waited| {
-            metrics
-                .slot_wait
-                .get_or_create(&crate::metrics::SlotLabels {
-                    class: class.label().into(),
-                })
-                .observe(waited.as_secs_f64())
-        },
-        reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()),
+    let event = ctx.watches.as_ref().and_then(|w| w.last_event(&ns, &name));
+    let (result, pass) = crate::reaction::scope(
+        event,
+        crate::slots::scope(
+            ctx.slots.clone(),
+            move |class, waited| {
+                metrics
+                    .slot_wait
+                    .get_or_create(&crate::metrics::SlotLabels {
+                        class: class.label().into(),
+                    })
+                    .observe(waited.as_secs_f64())
+            },
+            reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()),
+        ),
     )
     .await;
     ctx.metrics

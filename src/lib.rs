@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod own_writes;
 pub mod pass;
 pub mod pass_reads;
+pub mod reaction;
 pub mod reconcile;
 pub mod render;
 pub mod repair;

@@ -62,6 +62,13 @@ pub struct SlotLabels {
     pub class: String,
 }
 
+/// `part`: which part of a reaction (`crate::reaction`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartLabels {
+    /// `event_to_pass` or `pass_to_write`.
+    pub part: String,
+}
+
 /// `cause`: why a cached pass escalated.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
@@ -83,7 +90,8 @@ fn request_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
 }
 
-/// Buckets of `celld_operator_reconcile_slot_wait_seconds`: 1 ms to about 16 s.
+/// Buckets of `celld_operator_reconcile_slot_wait_seconds` and
+/// `celld_operator_reaction_seconds`: 1 ms to about 16 s.
 fn slot_wait_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
@@ -139,6 +147,8 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// How long a reconcile's first request waited for a slot, by class (`crate::slots`).
     pub slot_wait: Family<SlotLabels, Histogram>,
+    /// Each guarded workload write's reaction, in two parts (`crate::reaction`).
+    pub reaction: Family<PartLabels, Histogram>,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
     /// Time from sending a request to its answer's headers, by verb (watches excluded).
@@ -207,6 +217,7 @@ impl Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             slot_wait: Family::new_with_constructor(slot_wait_histogram),
+            reaction: Family::new_with_constructor(slot_wait_histogram),
             api_requests: Family::default(),
             api_request_seconds: Family::new_with_constructor(request_histogram),
             replacements: Family::default(),
@@ -336,6 +347,11 @@ impl Metrics {
             m.slot_wait.clone(),
         );
         r.register(
+            "celld_operator_reaction_seconds",
+            "each guarded workload write, in two parts: event_to_pass (the fleet's last member or workload watch event before the reconcile that wrote → that reconcile's start) and pass_to_write (its start → the write answered)",
+            m.reaction.clone(),
+        );
+        r.register(
             "celld_operator_api_requests",
             "requests sent to the API server, by verb and resource",
             m.api_requests.clone(),
@@ -432,6 +448,20 @@ impl Metrics {
     }
 
     /// The text exposition format.
+    /// Observations of `celld_operator_reaction_seconds` (`event_to_pass`, `pass_to_write`).
+    #[cfg(test)]
+    pub fn reaction_counts(&self) -> (u64, u64) {
+        let text = self.encode();
+        let count = |part: &str| {
+            let series = format!("celld_operator_reaction_seconds_count{{part=\"{part}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        (count("event_to_pass"), count("pass_to_write"))
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if let Ok(r) = self.registry.lock() {

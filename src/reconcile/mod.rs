@@ -827,6 +827,7 @@ impl Run<'_> {
         live: &workload::LiveWorkload,
     ) -> Result<workload::LiveWorkload, kube::Error> {
         let written = workload::replace(&self.client, &self.ns, live).await?;
+        crate::reaction::wrote(&self.ctx.metrics);
         self.saw_workload(Some(&written));
         self.ctx.own_writes.replaced(
             &crate::own_writes::workload_key(&self.ns, &self.name),

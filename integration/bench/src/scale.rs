@@ -436,11 +436,14 @@ pub struct Reaction {
     /// Cache escalations meanwhile, by cause.
     #[serde(serialize_with = "na")]
     pub escalations: Option<BTreeMap<String, f64>>,
-    /// Mean time of one reconcile meanwhile (ms): how long it held a slot.
+    /// Mean time of one reconcile meanwhile (ms): how long it held a slot (with slots taken
+    /// at the first request, `crate::slots` of the operator, it includes the wait for one).
     #[serde(serialize_with = "na")]
     pub reconcile_ms_mean: Option<f64>,
     /// Reconciles running at once on average meanwhile (seconds in reconciles ÷ wall
-    /// seconds; at `--reconcile-concurrency` every slot was busy all the time).
+    /// seconds; with `--test-fifo-slots` or an older binary, at `--reconcile-concurrency`
+    /// every slot was busy all the time; with slots taken at the first request it counts
+    /// the reconciles waiting for one too).
     pub slots_busy: f64,
     /// Mean answer time of the operator's requests meanwhile, by verb (ms; empty when the
     /// binary does not time them).
@@ -449,6 +452,10 @@ pub struct Reaction {
     /// how many reconciles took a slot (empty when the binary does not take slots at the
     /// first request: `--test-fifo-slots` or an older binary).
     pub slot_wait_ms_by_class: BTreeMap<String, (f64, f64)>,
+    /// The operator's own split of its guarded workload writes meanwhile
+    /// (`celld_operator_reaction_seconds` by part: `[n, mean ms, p50, p90, p99]`, quantiles as
+    /// bucket upper bounds; empty when not exported).
+    pub reaction_ms_by_part: BTreeMap<String, [f64; 5]>,
     /// Requests per completed operation by `verb resource` (Lease excluded).
     pub per_operation_by_request: BTreeMap<String, f64>,
 }
@@ -1604,6 +1611,7 @@ async fn react(
         },
         request_ms_by_verb: d.request_ms_by_verb(),
         slot_wait_ms_by_class: d.slot_wait_ms_by_class(),
+        reaction_ms_by_part: d.reaction_ms_by_part(),
         per_operation_by_request: d
             .requests
             .iter()

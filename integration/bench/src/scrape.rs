@@ -51,6 +51,9 @@ pub struct Snapshot {
     pub slot_wait_seconds: BTreeMap<String, f64>,
     /// The same histogram's `_count` by class.
     pub slot_waits: BTreeMap<String, f64>,
+    /// `celld_operator_reaction_seconds` by `(part, le)`: cumulative bucket counts, with
+    /// `le = "sum"` and `"count"` for the sum and the count (empty when not exported).
+    pub reaction: BTreeMap<(String, String), f64>,
     /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
     pub fleets_reconciled: Option<f64>,
     /// `celld_operator_leader_ready_seconds` (gauge, set once); `None` when not exported or
@@ -88,6 +91,7 @@ impl Snapshot {
             requests_timed: sub(&self.requests_timed, &before.requests_timed),
             slot_wait_seconds: sub(&self.slot_wait_seconds, &before.slot_wait_seconds),
             slot_waits: sub(&self.slot_waits, &before.slot_waits),
+            reaction: sub(&self.reaction, &before.reaction),
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
             passes: self.passes.as_ref().map(|a| {
@@ -134,6 +138,8 @@ pub struct Delta {
     pub slot_wait_seconds: BTreeMap<String, f64>,
     /// Reconciles that took a slot, by class.
     pub slot_waits: BTreeMap<String, f64>,
+    /// `celld_operator_reaction_seconds` by `(part, le | "sum" | "count")`.
+    pub reaction: BTreeMap<(String, String), f64>,
     /// Failed reconciles by reason.
     pub errors: BTreeMap<String, f64>,
     /// Journal entries appended by type.
@@ -185,6 +191,11 @@ impl Delta {
             requests_timed: div(&self.requests_timed),
             slot_wait_seconds: div(&self.slot_wait_seconds),
             slot_waits: div(&self.slot_waits),
+            reaction: self
+                .reaction
+                .iter()
+                .map(|(k, v)| (k.clone(), v / n))
+                .collect(),
             errors: div(&self.errors),
             appends: div(&self.appends),
             passes: self.passes.as_ref().map(div),
@@ -216,6 +227,45 @@ impl Delta {
                 (class.clone(), (secs * 1000.0 / n, *n))
             })
             .collect()
+    }
+
+    /// `celld_operator_reaction_seconds` by part: `[n, mean ms, p50, p90, p99]`, the
+    /// quantiles as the upper bound (ms) of the bucket that holds them (empty when not
+    /// exported).
+    pub fn reaction_ms_by_part(&self) -> BTreeMap<String, [f64; 5]> {
+        let mut out = BTreeMap::new();
+        let parts: std::collections::BTreeSet<&String> =
+            self.reaction.keys().map(|(p, _)| p).collect();
+        for part in parts {
+            let get = |le: &str| {
+                self.reaction
+                    .get(&(part.clone(), le.to_string()))
+                    .copied()
+                    .unwrap_or(0.0)
+            };
+            let n = get("count");
+            if n <= 0.0 {
+                continue;
+            }
+            let mut buckets: Vec<(f64, f64)> = self
+                .reaction
+                .iter()
+                .filter(|((p, _), _)| p == part)
+                .filter_map(|((_, le), c)| Some((le.parse::<f64>().ok()?, *c)))
+                .collect();
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let q = |q: f64| {
+                buckets
+                    .iter()
+                    .find(|(_, c)| *c >= q * n)
+                    .map_or(f64::INFINITY, |(le, _)| le * 1000.0)
+            };
+            out.insert(
+                part.clone(),
+                [n, get("sum") * 1000.0 / n, q(0.5), q(0.9), q(0.99)],
+            );
+        }
+        out
     }
 
     /// Requests to the leader Lease (the leader-election loop).
@@ -388,6 +438,19 @@ pub fn parse(text: &str) -> Snapshot {
             "celld_operator_reconcile_slot_wait_seconds_count" => {
                 *s.slot_waits.entry(label("class")).or_default() += value;
             }
+            "celld_operator_reaction_seconds_sum" => {
+                s.reaction.insert((label("part"), "sum".into()), value);
+            }
+            "celld_operator_reaction_seconds_count" => {
+                s.reaction.insert((label("part"), "count".into()), value);
+            }
+            "celld_operator_reaction_seconds_bucket" => {
+                let le = match label("le").as_str() {
+                    "+Inf" => "inf".to_string(),
+                    le => le.to_string(),
+                };
+                s.reaction.insert((label("part"), le), value);
+            }
             "celld_operator_reconcile_errors_total" => {
                 *s.errors.entry(label("reason")).or_default() += value;
             }
@@ -484,6 +547,23 @@ mod tests {
              celld_operator_reconcile_slot_wait_seconds_count{class=\"status\"} 4\n",
         )
         .since(&before);
+        let reacted = parse(
+            "celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.001\"} 0\n\
+             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.002\"} 5\n\
+             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.004\"} 9\n\
+             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"+Inf\"} 10\n\
+             celld_operator_reaction_seconds_sum{part=\"pass_to_write\"} 0.05\n\
+             celld_operator_reaction_seconds_count{part=\"pass_to_write\"} 10\n",
+        )
+        .since(&before);
+        assert_eq!(
+            reacted.reaction_ms_by_part(),
+            BTreeMap::from([(
+                "pass_to_write".to_string(),
+                [10.0, 5.0, 2.0, 4.0, f64::INFINITY]
+            )])
+        );
+        assert!(waited.reaction_ms_by_part().is_empty());
         assert_eq!(
             waited.slot_wait_ms_by_class(),
             BTreeMap::from([
