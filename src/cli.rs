@@ -163,12 +163,6 @@ pub struct RunArgs {
     /// (`crate::pass::planning_client`; the bench compares both side by side).
     #[arg(long, hide = true)]
     pub test_no_cache_planning: bool,
-    /// Test clusters only: kube-runtime's controller holds one of `--reconcile-concurrency`
-    /// slots for every reconcile from its start, first come first served, as before the
-    /// slots taken at a reconcile's first request (`crate::slots`; the bench compares both
-    /// side by side).
-    #[arg(long, hide = true)]
-    pub test_fifo_slots: bool,
     /// Test clusters only: objects per page of a cluster-wide watch's list instead of
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -198,8 +192,7 @@ pub struct RunArgs {
     /// change is written at once. 0s..10s; 0s writes every change at once.
     #[arg(long, default_value = "1s", value_parser = parse_status_progress_interval)]
     pub status_progress_interval: Duration,
-    /// Fleets whose reconciles send requests at the same time (each fleet is reconciled by
-    /// one task at a time; a reconcile that sends nothing takes no slot).
+    /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,
     /// glibc malloc arenas (`mallopt(M_ARENA_MAX)`), set before any thread starts; 0 keeps
@@ -376,7 +369,6 @@ impl RunArgs {
             (self.test_no_prefetch, "--test-no-prefetch"),
             (self.test_forget_all_on_write, "--test-forget-all-on-write"),
             (self.test_no_cache_planning, "--test-no-cache-planning"),
-            (self.test_fifo_slots, "--test-fifo-slots"),
             (
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",

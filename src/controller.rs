@@ -173,22 +173,6 @@ fn error_backoff(streak: u32) -> Duration {
     Duration::from_secs((1u64 << exp).min(60))
 }
 
-/// Reconciles kube-runtime's controller runs at once: with slots taken at the first request
-/// (`crate::slots`), [`IN_FLIGHT_PER_SLOT`] per slot, so that reconciles that send nothing
-/// are not held behind ones waiting for a slot, while bounding the memory of those waiting;
-/// with `--test-fifo-slots`, the slots themselves.
-fn in_flight(args: &RunArgs) -> u16 {
-    if args.test_fifo_slots {
-        args.reconcile_concurrency
-    } else {
-        args.reconcile_concurrency
-            .saturating_mul(IN_FLIGHT_PER_SLOT)
-    }
-}
-
-/// Reconciles in flight per reconcile slot ([`in_flight`]).
-pub const IN_FLIGHT_PER_SLOT: u16 = 16;
-
 /// FNV-1a-32 of the fleet UID modulo 2000 ms: spreads resyncs of many fleets.
 fn jitter(uid: &str) -> Duration {
     let mut h: u32 = 0x811c_9dc5;
@@ -212,25 +196,8 @@ async fn reconcile_fleet(
     let started = std::time::Instant::now();
     // A cached copy that does not decode (not expected) leaves the reconcile to fresh reads.
     let cached = fleet.fleet();
-    // Its first request waits for a reconcile slot (`crate::slots`).
-    let metrics = ctx.metrics.clone();
-    let event = ctx.watches.as_ref().and_then(|w| w.last_event(&ns, &name));
-    let (result, pass) = crate::reaction::scope(
-        event,
-        crate::slots::scope(
-            ctx.slots.clone(),
-            move |class, waited| {
-                metrics
-                    .slot_wait
-                    .get_or_create(&crate::metrics::SlotLabels {
-                        class: class.label().into(),
-                    })
-                    .observe(waited.as_secs_f64())
-            },
-            reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()),
-        ),
-    )
-    .await;
+    let (result, pass) =
+        crate::reaction::scope(reconcile::reconcile(&ns, &name, &ctx, cached.as_ref())).await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -533,8 +500,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reconciled: Default::default(),
         own_writes: Default::default(),
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
-        slots: (!args.test_fifo_slots)
-            .then(|| crate::slots::Slots::new(usize::from(args.reconcile_concurrency))),
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
         cache_planning: !args.test_no_cache_planning,
@@ -606,7 +571,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
             Controller::for_stream(fleets, reader)
                 .with_config(
-                    kube::runtime::controller::Config::default().concurrency(in_flight(&args)),
+                    kube::runtime::controller::Config::default()
+                        .concurrency(args.reconcile_concurrency),
                 )
                 .reconcile_on(trigger)
                 .graceful_shutdown_on(stop())

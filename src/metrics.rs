@@ -55,20 +55,6 @@ pub struct PassLabels {
     pub pass: String,
 }
 
-/// `class`: what a reconcile waited for a slot to send first (`crate::slots::Class`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SlotLabels {
-    /// `decisive` or `status`.
-    pub class: String,
-}
-
-/// `part`: which part of a reaction (`crate::reaction`).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PartLabels {
-    /// `event_to_pass` or `pass_to_write`.
-    pub part: String,
-}
-
 /// `cause`: why a cached pass escalated.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
@@ -88,12 +74,6 @@ type VerbHistogram = Family<VerbLabels, Histogram, fn() -> Histogram>;
 fn request_histogram() -> Histogram {
     // 1 ms … 8.2 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 14))
-}
-
-/// Buckets of `celld_operator_reconcile_slot_wait_seconds` and
-/// `celld_operator_reaction_seconds`: 1 ms to about 16 s.
-fn slot_wait_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.001, 2.0, 15))
 }
 
 /// `reason`.
@@ -145,10 +125,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ReasonLabels, Counter<u64, AtomicU64>>,
     /// Reconcile duration.
     pub reconcile_duration: Histogram,
-    /// How long a reconcile's first request waited for a slot, by class (`crate::slots`).
-    pub slot_wait: Family<SlotLabels, Histogram>,
-    /// Each guarded workload write's reaction, in two parts (`crate::reaction`).
-    pub reaction: Family<PartLabels, Histogram>,
+    /// A reconcile's start → its guarded workload write answered (`crate::reaction`).
+    pub reaction_pass: Histogram,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
     /// Time from sending a request to its answer's headers, by verb (watches excluded).
@@ -216,8 +194,8 @@ impl Metrics {
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
-            slot_wait: Family::new_with_constructor(slot_wait_histogram),
-            reaction: Family::new_with_constructor(slot_wait_histogram),
+            // 1 ms … 16 s.
+            reaction_pass: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             api_requests: Family::default(),
             api_request_seconds: Family::new_with_constructor(request_histogram),
             replacements: Family::default(),
@@ -342,14 +320,9 @@ impl Metrics {
             m.reconcile_duration.clone(),
         );
         r.register(
-            "celld_operator_reconcile_slot_wait_seconds",
-            "how long a reconcile's first request waited for a reconcile slot, by class (decisive: anything but a fleet status write; status)",
-            m.slot_wait.clone(),
-        );
-        r.register(
-            "celld_operator_reaction_seconds",
-            "each guarded workload write, in two parts: event_to_pass (the fleet's last member or workload watch event before the reconcile that wrote → that reconcile's start) and pass_to_write (its start → the write answered)",
-            m.reaction.clone(),
+            "celld_operator_reaction_pass_seconds",
+            "start of the reconcile that carried out a guarded workload write → that write answered (its prerequisite reads, journal appends, Events, guard reads and the write), seconds",
+            m.reaction_pass.clone(),
         );
         r.register(
             "celld_operator_api_requests",
@@ -447,21 +420,17 @@ impl Metrics {
         self.force_deletes.remove(l);
     }
 
-    /// The text exposition format.
-    /// Observations of `celld_operator_reaction_seconds` (`event_to_pass`, `pass_to_write`).
+    /// Observations of `celld_operator_reaction_pass_seconds`.
     #[cfg(test)]
-    pub fn reaction_counts(&self) -> (u64, u64) {
-        let text = self.encode();
-        let count = |part: &str| {
-            let series = format!("celld_operator_reaction_seconds_count{{part=\"{part}\"}} ");
-            text.lines()
-                .find_map(|l| l.strip_prefix(series.as_str()))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
-        };
-        (count("event_to_pass"), count("pass_to_write"))
+    pub fn reaction_pass_count(&self) -> u64 {
+        self.encode()
+            .lines()
+            .find_map(|l| l.strip_prefix("celld_operator_reaction_pass_seconds_count "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     }
 
+    /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         if let Ok(r) = self.registry.lock() {

@@ -1,85 +1,30 @@
-//! Reaction time as the operator sees it (docs/operations.md "Metrics"): for each guarded
-//! workload write, how long after the fleet's last member or workload watch event before the
-//! reconcile started (`event_to_pass`: trigger delivery, the controller's queue, a pass left
-//! to a later watch event), and how long that reconcile took to the write (`pass_to_write`:
-//! its slot wait and its requests before the write). The benchmark's reaction figures are
-//! timed from outside; these split them.
+//! How long the reconcile that carries out a workload write takes to send it
+//! (`celld_operator_reaction_pass_seconds`, docs/operations.md "Metrics"): from the start of
+//! the reconcile to the guarded write's answer, i.e. the reconcile's requests before the write
+//! (the prerequisite reads, the journal appends and their Events, the guard's fresh reads) and
+//! the write itself. The benchmark times reactions from outside (a member settled → the next
+//! write); this is the part of that time spent in the reconcile that wrote, as opposed to
+//! waiting for the watch event and a reconcile slot.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Instant;
 
-/// Per fleet (`ns/name`), when the watches last forwarded an event of one of its objects.
-#[derive(Debug, Default)]
-pub struct EventClock {
-    last: Mutex<HashMap<String, Instant>>,
-}
-
-/// Entries kept before the map is cleared (a bound, far above any fleet count served).
-const MAX_FLEETS: usize = 65_536;
-
-impl EventClock {
-    /// An event of fleet `key`'s objects arrived now.
-    pub fn saw(&self, key: &str) {
-        if let Ok(mut last) = self.last.lock() {
-            if last.len() >= MAX_FLEETS && !last.contains_key(key) {
-                last.clear();
-            }
-            last.insert(key.to_string(), Instant::now());
-        }
-    }
-
-    /// When fleet `key`'s last event arrived.
-    pub fn last(&self, key: &str) -> Option<Instant> {
-        self.last.lock().ok()?.get(key).copied()
-    }
-
-    /// Fleet `key` is gone.
-    pub fn forget(&self, key: &str) {
-        if let Ok(mut last) = self.last.lock() {
-            last.remove(key);
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Started {
-    at: Instant,
-    event: Option<Instant>,
-}
-
 tokio::task_local! {
-    static STARTED: Started;
+    static STARTED: Instant;
 }
 
-/// Runs reconcile `fut`, started now, after the fleet's last event at `event`.
-pub async fn scope<F: std::future::Future>(event: Option<Instant>, fut: F) -> F::Output {
-    STARTED
-        .scope(
-            Started {
-                at: Instant::now(),
-                event,
-            },
-            fut,
-        )
-        .await
+/// Runs reconcile `fut`, started now.
+pub async fn scope<F: std::future::Future>(fut: F) -> F::Output {
+    STARTED.scope(Instant::now(), fut).await
 }
 
-/// A guarded workload write was answered: observes its two parts (outside a reconcile's
-/// [`scope`], nothing).
+/// A guarded workload write was answered: observes the time since its reconcile started
+/// (outside a reconcile's [`scope`], nothing).
 pub fn wrote(metrics: &crate::metrics::Metrics) {
-    let Ok(started) = STARTED.try_with(|s| *s) else {
-        return;
-    };
-    let part = |name: &str| {
-        metrics.reaction.get_or_create(&crate::metrics::PartLabels {
-            part: name.to_string(),
-        })
-    };
-    if let Some(event) = started.event.filter(|e| *e <= started.at) {
-        part("event_to_pass").observe(started.at.duration_since(event).as_secs_f64());
+    if let Ok(started) = STARTED.try_with(|s| *s) {
+        metrics
+            .reaction_pass
+            .observe(started.elapsed().as_secs_f64());
     }
-    part("pass_to_write").observe(started.at.elapsed().as_secs_f64());
 }
 
 #[cfg(test)]
@@ -87,20 +32,25 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_write_is_split_at_the_start_of_its_reconcile() {
+    async fn only_a_write_inside_a_reconcile_is_timed_from_its_start() {
         let metrics = crate::metrics::Metrics::default();
-        let clock = EventClock::default();
         wrote(&metrics);
-        assert_eq!(metrics.reaction_counts(), (0, 0), "outside a reconcile");
-        clock.saw("ns/a");
-        let event = clock.last("ns/a");
-        assert!(event.is_some() && clock.last("ns/b").is_none());
-        scope(event, async { wrote(&metrics) }).await;
-        assert_eq!(metrics.reaction_counts(), (1, 1));
-        // Without an event seen (e.g. a resync), only the pass is timed.
-        scope(None, async { wrote(&metrics) }).await;
-        assert_eq!(metrics.reaction_counts(), (1, 2));
-        clock.forget("ns/a");
-        assert!(clock.last("ns/a").is_none());
+        assert_eq!(metrics.reaction_pass_count(), 0, "outside a reconcile");
+        scope(async {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            wrote(&metrics)
+        })
+        .await;
+        assert_eq!(metrics.reaction_pass_count(), 1);
+        let text = metrics.encode();
+        // The 20 ms before the write are counted: not in the 16 ms bucket, in the 32 ms one.
+        assert!(
+            text.contains("celld_operator_reaction_pass_seconds_bucket{le=\"0.016\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("celld_operator_reaction_pass_seconds_bucket{le=\"0.032\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -76,8 +76,7 @@ impl RequestInfo {
         }
     }
 
-    /// POST, PUT, PATCH or DELETE.
-    pub fn is_write(&self) -> bool {
+    fn is_write(&self) -> bool {
         matches!(self.verb, "create" | "update" | "patch" | "delete")
     }
 
@@ -382,9 +381,6 @@ where
         let this = self.clone();
         Box::pin(async move {
             let info = RequestInfo::of(req.method().as_str(), req.uri().path(), req.uri().query());
-            // Inside a reconcile, its first request waits for a reconcile slot (before the
-            // Lease guard, so a long wait is checked against the Lease as it is then).
-            crate::slots::enter(&info).await;
             let retry_reads = matches!(info.verb, "get" | "list");
             let mut attempt = 0;
             let mut req = req;
@@ -763,48 +759,5 @@ mod tests {
         // Renewed 11 s ago: less than the 5 s margin is left of the 15 s Lease.
         leadership.set_held_for_test(std::time::Instant::now() - Duration::from_secs(11));
         assert!(t.call(request("PUT", STS)).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn a_reconciles_first_request_waits_for_a_slot_through_kubes_client() {
-        use k8s_openapi::api::apps::v1::StatefulSet;
-        let (svc, mut handle) = transport(TransportOptions::default());
-        let client = kube::Client::new(svc, "ns");
-        let slots = crate::slots::Slots::new(1);
-        let elsewhere = slots.acquire(crate::slots::Class::Decisive).await;
-        let reconcile = tokio::spawn(crate::slots::scope(Some(slots.clone()), |_, _| {}, {
-            let client = client.clone();
-            async move {
-                kube::Api::<StatefulSet>::namespaced(client, "ns")
-                    .get_opt("f")
-                    .await
-                    .map(|s| s.is_none())
-            }
-        }));
-        // The request waits, in the decisive class, and nothing reaches the wire.
-        while slots.waiting() != (1, 0) {
-            tokio::task::yield_now().await;
-        }
-        assert!(
-            tokio::time::timeout(Duration::from_millis(100), handle.next_request())
-                .await
-                .is_err(),
-            "sent without a slot"
-        );
-        drop(elsewhere);
-        let not_found = status_response(StatusCode::NOT_FOUND, "NotFound", "gone");
-        assert_eq!(answer(&mut handle, not_found).await, format!("GET {STS}"));
-        assert!(reconcile.await.unwrap().unwrap(), "answered");
-        // Outside a reconcile nothing waits, even with the slot taken.
-        let _held = slots.acquire(crate::slots::Class::Decisive).await;
-        let outside = tokio::spawn(async move {
-            kube::Api::<StatefulSet>::namespaced(client, "ns")
-                .get_opt("f")
-                .await
-                .map(|s| s.is_none())
-        });
-        let not_found = status_response(StatusCode::NOT_FOUND, "NotFound", "gone");
-        assert_eq!(answer(&mut handle, not_found).await, format!("GET {STS}"));
-        assert!(outside.await.unwrap().unwrap());
     }
 }

@@ -322,8 +322,6 @@ pub struct Watches {
     /// kube-runtime's `watcher` instead of [`crate::watch_stream::watch`]
     /// (`--test-kube-watcher`).
     kube_watcher: bool,
-    /// When each fleet's objects last had an event ([`crate::reaction`]).
-    events: Arc<crate::reaction::EventClock>,
 }
 
 #[derive(Clone)]
@@ -348,13 +346,7 @@ impl Watches {
             only: None,
             list_page: CLUSTER_LIST_PAGE,
             kube_watcher: false,
-            events: Arc::default(),
         }
-    }
-
-    /// When the last event of fleet `ns/name`'s objects was forwarded.
-    pub fn last_event(&self, ns: &str, name: &str) -> Option<std::time::Instant> {
-        self.events.last(&format!("{ns}/{name}"))
     }
 
     /// Watches through kube-runtime's `watcher` (`--test-kube-watcher`: the design before
@@ -564,7 +556,6 @@ impl Watches {
 
     /// Forgets a fleet that is gone; the namespace's watches stop with its last fleet.
     pub fn forget(&self, ns: &str, name: &str) {
-        self.events.forget(&format!("{ns}/{name}"));
         let still_used = match self.fleets.lock() {
             Ok(mut f) => {
                 f.retain(|_, r| !(r.name == name && r.namespace.as_deref() == Some(ns)));
@@ -721,7 +712,6 @@ impl Watches {
     {
         let fleets = self.fleets.clone();
         let trigger = self.trigger.clone();
-        let clock = self.events.clone();
         let cluster_wide = ns.is_none();
         let ns = ns.unwrap_or("(all)").to_string();
         tokio::spawn(async move {
@@ -735,11 +725,6 @@ impl Watches {
                             .get(FLEET_UID_LABEL)
                             .and_then(|uid| fleets.lock().ok()?.get(uid).cloned());
                         if let Some(fleet) = target {
-                            clock.saw(&format!(
-                                "{}/{}",
-                                fleet.namespace.as_deref().unwrap_or_default(),
-                                fleet.name
-                            ));
                             if trigger.send(fleet).is_err() {
                                 return;
                             }

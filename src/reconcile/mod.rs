@@ -99,9 +99,6 @@ pub struct Ctx {
     /// When each fleet's status was last written: progress-only changes wait for the rest of
     /// `--status-progress-interval` ([`crate::status_pace`]).
     pub status_pace: crate::status_pace::StatusPace,
-    /// Reconcile slots taken at a reconcile's first request ([`crate::slots`]); `None`:
-    /// kube-runtime's controller bounds reconciles from their start (`--test-fifo-slots`).
-    pub slots: Option<std::sync::Arc<crate::slots::Slots>>,
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
     pub prefetch: bool,
@@ -1517,7 +1514,6 @@ mod pass_reads_tests {
             reconciled: Default::default(),
             own_writes: Default::default(),
             status_pace: Default::default(),
-            slots: None,
             prefetch: true,
             forget_all_on_write: false,
             cache_planning: true,

@@ -476,29 +476,17 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
     );
     let _ = writeln!(
         o,
-        "{pad}  meanwhile: a reconcile took {} ms on average, {:.1} reconciles at once; mean request ms by verb: {}; fleets in their operations at once: at most {}, {:.1} on average",
+        "{pad}  meanwhile: a reconcile held a slot {} ms on average, {:.1} reconciles at once; mean request ms by verb: {}; fleets in their operations at once: at most {}, {:.1} on average",
         opt(r.reconcile_ms_mean),
         r.slots_busy,
         breakdown(&r.request_ms_by_verb, |_| true),
         r.active_at_once_peak,
         r.active_at_once_mean
     );
-    if !r.slot_wait_ms_by_class.is_empty() {
-        let waits: Vec<String> = r
-            .slot_wait_ms_by_class
-            .iter()
-            .map(|(class, (ms, n))| format!("{class} {ms:.1} ms ({n:.0})"))
-            .collect();
-        let _ = writeln!(
-            o,
-            "{pad}  mean wait for a slot at the first request (reconciles): {}",
-            waits.join(", ")
-        );
-    }
     for (part, [n, mean, p50, p90, p99]) in &r.reaction_ms_by_part {
         let _ = writeln!(
             o,
-            "{pad}  operator's reaction, {part}: n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds)"
+            "{pad}  operator's reaction, {part} (the reconcile that wrote, its start → the write): n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds)"
         );
     }
     let _ = writeln!(

@@ -436,25 +436,19 @@ pub struct Reaction {
     /// Cache escalations meanwhile, by cause.
     #[serde(serialize_with = "na")]
     pub escalations: Option<BTreeMap<String, f64>>,
-    /// Mean time of one reconcile meanwhile (ms): how long it held a slot (with slots taken
-    /// at the first request, `crate::slots` of the operator, it includes the wait for one).
+    /// Mean time of one reconcile meanwhile (ms): how long it held a slot.
     #[serde(serialize_with = "na")]
     pub reconcile_ms_mean: Option<f64>,
     /// Reconciles running at once on average meanwhile (seconds in reconciles ÷ wall
-    /// seconds; with `--test-fifo-slots` or an older binary, at `--reconcile-concurrency`
-    /// every slot was busy all the time; with slots taken at the first request it counts
-    /// the reconciles waiting for one too).
+    /// seconds; at `--reconcile-concurrency` every slot was busy all the time).
     pub slots_busy: f64,
     /// Mean answer time of the operator's requests meanwhile, by verb (ms; empty when the
     /// binary does not time them).
     pub request_ms_by_verb: BTreeMap<String, f64>,
-    /// Mean wait of a reconcile's first request for a slot meanwhile, by class (ms), and
-    /// how many reconciles took a slot (empty when the binary does not take slots at the
-    /// first request: `--test-fifo-slots` or an older binary).
-    pub slot_wait_ms_by_class: BTreeMap<String, (f64, f64)>,
-    /// The operator's own split of its guarded workload writes meanwhile
-    /// (`celld_operator_reaction_seconds` by part: `[n, mean ms, p50, p90, p99]`, quantiles as
-    /// bucket upper bounds; empty when not exported).
+    /// The operator's own timing of its guarded workload writes meanwhile: the reconcile that
+    /// wrote, from its start to the write (`celld_operator_reaction_pass_seconds`, part
+    /// `pass_to_write`: `[n, mean ms, p50, p90, p99]`, quantiles as bucket upper bounds;
+    /// empty when not exported).
     pub reaction_ms_by_part: BTreeMap<String, [f64; 5]>,
     /// Requests per completed operation by `verb resource` (Lease excluded).
     pub per_operation_by_request: BTreeMap<String, f64>,
@@ -1610,7 +1604,6 @@ async fn react(
             0.0
         },
         request_ms_by_verb: d.request_ms_by_verb(),
-        slot_wait_ms_by_class: d.slot_wait_ms_by_class(),
         reaction_ms_by_part: d.reaction_ms_by_part(),
         per_operation_by_request: d
             .requests

@@ -18,6 +18,10 @@ pub const WRITE_VERBS: [&str; 4] = ["create", "update", "patch", "delete"];
 /// Resources whose requests are the leader-election loop, not fleet work.
 pub const BACKGROUND_RESOURCES: [&str; 1] = ["leases"];
 
+/// The part of a reaction `celld_operator_reaction_pass_seconds` times: the reconcile that
+/// wrote, from its start to its guarded workload write.
+pub const PASS_TO_WRITE: &str = "pass_to_write";
+
 /// `(verb, resource)` → count.
 pub type Requests = BTreeMap<(String, String), f64>;
 
@@ -46,13 +50,9 @@ pub struct Snapshot {
     pub request_seconds: BTreeMap<String, f64>,
     /// The same histogram's `_count` by verb.
     pub requests_timed: BTreeMap<String, f64>,
-    /// `celld_operator_reconcile_slot_wait_seconds` by class: `_sum` (empty when the binary
-    /// does not export it).
-    pub slot_wait_seconds: BTreeMap<String, f64>,
-    /// The same histogram's `_count` by class.
-    pub slot_waits: BTreeMap<String, f64>,
-    /// `celld_operator_reaction_seconds` by `(part, le)`: cumulative bucket counts, with
-    /// `le = "sum"` and `"count"` for the sum and the count (empty when not exported).
+    /// `celld_operator_reaction_pass_seconds` by `(part, le)` (the part is `pass_to_write`):
+    /// cumulative bucket counts, with `le = "sum"` and `"count"` for the sum and the count
+    /// (empty when not exported).
     pub reaction: BTreeMap<(String, String), f64>,
     /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
     pub fleets_reconciled: Option<f64>,
@@ -89,8 +89,6 @@ impl Snapshot {
             reconcile_seconds: self.reconcile_seconds - before.reconcile_seconds,
             request_seconds: sub(&self.request_seconds, &before.request_seconds),
             requests_timed: sub(&self.requests_timed, &before.requests_timed),
-            slot_wait_seconds: sub(&self.slot_wait_seconds, &before.slot_wait_seconds),
-            slot_waits: sub(&self.slot_waits, &before.slot_waits),
             reaction: sub(&self.reaction, &before.reaction),
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
@@ -134,11 +132,7 @@ pub struct Delta {
     pub request_seconds: BTreeMap<String, f64>,
     /// Timed requests, by verb.
     pub requests_timed: BTreeMap<String, f64>,
-    /// Seconds reconciles' first requests waited for a slot, by class.
-    pub slot_wait_seconds: BTreeMap<String, f64>,
-    /// Reconciles that took a slot, by class.
-    pub slot_waits: BTreeMap<String, f64>,
-    /// `celld_operator_reaction_seconds` by `(part, le | "sum" | "count")`.
+    /// `celld_operator_reaction_pass_seconds` by `(part, le | "sum" | "count")`.
     pub reaction: BTreeMap<(String, String), f64>,
     /// Failed reconciles by reason.
     pub errors: BTreeMap<String, f64>,
@@ -189,8 +183,6 @@ impl Delta {
             reconcile_seconds: self.reconcile_seconds / n,
             request_seconds: div(&self.request_seconds),
             requests_timed: div(&self.requests_timed),
-            slot_wait_seconds: div(&self.slot_wait_seconds),
-            slot_waits: div(&self.slot_waits),
             reaction: self
                 .reaction
                 .iter()
@@ -216,20 +208,7 @@ impl Delta {
             .collect()
     }
 
-    /// Mean wait of a reconcile's first request for a slot by class, in ms, and how many
-    /// took one (empty when the binary does not export it).
-    pub fn slot_wait_ms_by_class(&self) -> BTreeMap<String, (f64, f64)> {
-        self.slot_waits
-            .iter()
-            .filter(|(_, n)| **n > 0.0)
-            .map(|(class, n)| {
-                let secs = self.slot_wait_seconds.get(class).copied().unwrap_or(0.0);
-                (class.clone(), (secs * 1000.0 / n, *n))
-            })
-            .collect()
-    }
-
-    /// `celld_operator_reaction_seconds` by part: `[n, mean ms, p50, p90, p99]`, the
+    /// `celld_operator_reaction_pass_seconds` by part: `[n, mean ms, p50, p90, p99]`, the
     /// quantiles as the upper bound (ms) of the bucket that holds them (empty when not
     /// exported).
     pub fn reaction_ms_by_part(&self) -> BTreeMap<String, [f64; 5]> {
@@ -432,24 +411,20 @@ pub fn parse(text: &str) -> Snapshot {
             "celld_operator_api_request_duration_seconds_count" => {
                 *s.requests_timed.entry(label("verb")).or_default() += value;
             }
-            "celld_operator_reconcile_slot_wait_seconds_sum" => {
-                *s.slot_wait_seconds.entry(label("class")).or_default() += value;
+            "celld_operator_reaction_pass_seconds_sum" => {
+                s.reaction
+                    .insert((PASS_TO_WRITE.into(), "sum".into()), value);
             }
-            "celld_operator_reconcile_slot_wait_seconds_count" => {
-                *s.slot_waits.entry(label("class")).or_default() += value;
+            "celld_operator_reaction_pass_seconds_count" => {
+                s.reaction
+                    .insert((PASS_TO_WRITE.into(), "count".into()), value);
             }
-            "celld_operator_reaction_seconds_sum" => {
-                s.reaction.insert((label("part"), "sum".into()), value);
-            }
-            "celld_operator_reaction_seconds_count" => {
-                s.reaction.insert((label("part"), "count".into()), value);
-            }
-            "celld_operator_reaction_seconds_bucket" => {
+            "celld_operator_reaction_pass_seconds_bucket" => {
                 let le = match label("le").as_str() {
                     "+Inf" => "inf".to_string(),
                     le => le.to_string(),
                 };
-                s.reaction.insert((label("part"), le), value);
+                s.reaction.insert((PASS_TO_WRITE.into(), le), value);
             }
             "celld_operator_reconcile_errors_total" => {
                 *s.errors.entry(label("reason")).or_default() += value;
@@ -537,23 +512,15 @@ mod tests {
         assert_eq!(d.per(2.0).writes(), 1.0);
         assert_eq!(d.lease_requests(), 2.0);
         assert_eq!(d.fleet_requests(), 4.0);
-        assert!(d.slot_wait_ms_by_class().is_empty(), "not exported");
+        assert!(d.reaction_ms_by_part().is_empty(), "not exported");
         assert_eq!((d.passes, d.escalations), (None, None), "not exported");
-        let waited = parse(
-            "celld_operator_reconcile_slot_wait_seconds_sum{class=\"decisive\"} 0.5\n\
-             celld_operator_reconcile_slot_wait_seconds_count{class=\"decisive\"} 10\n\
-             celld_operator_reconcile_slot_wait_seconds_bucket{class=\"decisive\",le=\"0.001\"} 4\n\
-             celld_operator_reconcile_slot_wait_seconds_sum{class=\"status\"} 2\n\
-             celld_operator_reconcile_slot_wait_seconds_count{class=\"status\"} 4\n",
-        )
-        .since(&before);
         let reacted = parse(
-            "celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.001\"} 0\n\
-             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.002\"} 5\n\
-             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"0.004\"} 9\n\
-             celld_operator_reaction_seconds_bucket{part=\"pass_to_write\",le=\"+Inf\"} 10\n\
-             celld_operator_reaction_seconds_sum{part=\"pass_to_write\"} 0.05\n\
-             celld_operator_reaction_seconds_count{part=\"pass_to_write\"} 10\n",
+            "celld_operator_reaction_pass_seconds_bucket{le=\"0.001\"} 0\n\
+             celld_operator_reaction_pass_seconds_bucket{le=\"0.002\"} 5\n\
+             celld_operator_reaction_pass_seconds_bucket{le=\"0.004\"} 9\n\
+             celld_operator_reaction_pass_seconds_bucket{le=\"+Inf\"} 10\n\
+             celld_operator_reaction_pass_seconds_sum 0.05\n\
+             celld_operator_reaction_pass_seconds_count 10\n",
         )
         .since(&before);
         assert_eq!(
@@ -562,14 +529,6 @@ mod tests {
                 "pass_to_write".to_string(),
                 [10.0, 5.0, 2.0, 4.0, f64::INFINITY]
             )])
-        );
-        assert!(waited.reaction_ms_by_part().is_empty());
-        assert_eq!(
-            waited.slot_wait_ms_by_class(),
-            BTreeMap::from([
-                ("decisive".to_string(), (50.0, 10.0)),
-                ("status".to_string(), (500.0, 4.0))
-            ])
         );
         let gauges_only = parse("celld_operator_fleets_reconciled 0\n");
         assert_eq!(
