@@ -68,9 +68,20 @@ pub fn install(repo: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A port free now and not handed out before in this process: the port is released before
+/// s3s-fs binds it, so two test beds starting at the same moment could otherwise be given the
+/// same one, and one bed's readiness probe be answered by the other's s3s-fs.
 fn free_port() -> Result<u16> {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
-    Ok(l.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("finding a free port")?;
+        let port = l.local_addr()?.port();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// Starts s3s-fs over `root` (created) on 127.0.0.1:<free port> with the test keys and waits

@@ -52,12 +52,24 @@ pub fn s3s_binary() -> PathBuf {
     .clone()
 }
 
+/// A port free now and not handed out before in this process. The port is released before its
+/// server binds it, so two beds started at the same moment could be given the same port, one
+/// test's readiness probe answered by the other test's s3s-fs, gone when that test ended: the
+/// likely cause of a first request once met with "connection refused" although the probe had
+/// connected, with the bed's own s3s-fs log empty (it had not yet reached its bind).
 fn free_port(ip: Ipv4Addr) -> u16 {
-    StdListener::bind((ip, 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = StdListener::bind((ip, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 fn wait_tcp(addr: SocketAddr, timeout: Duration) {
