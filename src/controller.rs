@@ -143,7 +143,7 @@ async fn replay_mirror(ctx: &Ctx, apis: &[Api<CelldFleet>]) -> anyhow::Result<()
                     action: "Replay".into(),
                     secondary: None,
                 };
-                let _ = recorder.publish(&event, &fleet.object_ref(&())).await;
+                recorder.publish(event, fleet.object_ref(&())).await;
             }
         }
     }
@@ -503,12 +503,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
         cache_planning: !args.test_no_cache_planning,
-        recorder: Some(kube::runtime::events::Recorder::new(
-            client.clone(),
-            kube::runtime::events::Reporter {
-                controller: "celld-operator".into(),
-                instance: Some(identity.clone()),
-            },
+        recorder: Some(crate::events::Outbox::start(
+            kube::runtime::events::Recorder::new(
+                client.clone(),
+                kube::runtime::events::Reporter {
+                    controller: "celld-operator".into(),
+                    instance: Some(identity.clone()),
+                },
+            ),
+            metrics.clone(),
         )),
     });
     // `--watch-namespaces`: one controller per namespace, each listing and watching fleets
@@ -603,6 +606,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             anyhow::bail!("leader election ended: {}", err.map(|e| e.to_string()).unwrap_or_default());
         }
     }
+    // Events the last reconciles queued are sent while the Lease is still ours (bounded).
+    if let Some(outbox) = &ctx.recorder {
+        if !outbox.flush(EVENT_FLUSH).await {
+            tracing::warn!("some queued Events were not sent within {EVENT_FLUSH:?}");
+        }
+    }
     election.abort();
     metrics.leader.set(0);
     match leader::release(
@@ -633,6 +642,9 @@ fn process_started() -> std::time::Instant {
 
 /// How long running reconciles get to reach a boundary on SIGTERM (docs/design.md "Leader Lease").
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a graceful stop waits for queued Events to be sent (`crate::events`).
+const EVENT_FLUSH: Duration = Duration::from_secs(2);
 
 /// How long running reconciles get to end after the Lease was lost: longer than the
 /// transport's write timeout (4 s), so a write already sent gets its answer.

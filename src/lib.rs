@@ -7,6 +7,7 @@ pub mod api;
 pub mod cli;
 pub mod compact_store;
 pub mod controller;
+pub mod events;
 pub mod failpoint;
 pub mod journal_store;
 pub mod leader;

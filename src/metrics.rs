@@ -127,6 +127,12 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// A reconcile's start → its guarded workload write answered (`crate::reaction`).
     pub reaction_pass: Histogram,
+    /// Requests the reconcile sent up to and including its guarded workload write.
+    pub reaction_requests: Histogram,
+    /// Events queued and not yet sent (`crate::events`).
+    pub events_pending: Gauge<i64, std::sync::atomic::AtomicI64>,
+    /// An Event queued → its request answered (`crate::events`).
+    pub event_delay: Histogram,
     /// Requests sent to the API server by verb and resource.
     pub api_requests: Family<RequestLabels, Counter<u64, AtomicU64>>,
     /// Time from sending a request to its answer's headers, by verb (watches excluded).
@@ -196,6 +202,13 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             // 1 ms … 16 s.
             reaction_pass: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            // 1 … 16 requests.
+            reaction_requests: Histogram::new(
+                prometheus_client::metrics::histogram::linear_buckets(1.0, 1.0, 16),
+            ),
+            events_pending: Gauge::default(),
+            // 1 ms … 16 s.
+            event_delay: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             api_requests: Family::default(),
             api_request_seconds: Family::new_with_constructor(request_histogram),
             replacements: Family::default(),
@@ -323,6 +336,21 @@ impl Metrics {
             "celld_operator_reaction_pass_seconds",
             "start of the reconcile that carried out a guarded workload write → that write answered (its prerequisite reads, journal appends, Events, guard reads and the write), seconds",
             m.reaction_pass.clone(),
+        );
+        r.register(
+            "celld_operator_reaction_pass_requests",
+            "API requests the reconcile that carried out a guarded workload write sent up to and including that write",
+            m.reaction_requests.clone(),
+        );
+        r.register(
+            "celld_operator_events_pending",
+            "Events queued and not yet sent (journal entries are committed before their Event is queued)",
+            m.events_pending.clone(),
+        );
+        r.register(
+            "celld_operator_event_delay_seconds",
+            "an Event queued by a reconcile → its request answered, seconds",
+            m.event_delay.clone(),
         );
         r.register(
             "celld_operator_api_requests",

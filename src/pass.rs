@@ -196,9 +196,7 @@ pub fn permit() -> Option<Scope> {
 /// The Event recorder, outside a cached pass or under a planning pass's write permit
 /// (the Events of the entries it appends); otherwise, inside a cached pass, `None`, and the
 /// pass escalates (an Event is a request).
-pub fn recorder(
-    recorder: &Option<kube::runtime::events::Recorder>,
-) -> Option<&kube::runtime::events::Recorder> {
+pub fn recorder<R>(recorder: &Option<R>) -> Option<&R> {
     if let Some(esc) = cached() {
         if esc.planning && esc.permitted() {
             return recorder.as_ref();

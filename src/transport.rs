@@ -380,6 +380,9 @@ where
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
+            // Polled by the task that sent the request (kube's client buffer hands this
+            // future back to it), so a reconcile's scope sees its own requests.
+            crate::reaction::sent();
             let info = RequestInfo::of(req.method().as_str(), req.uri().path(), req.uri().query());
             let retry_reads = matches!(info.verb, "get" | "list");
             let mut attempt = 0;
@@ -562,6 +565,45 @@ mod tests {
             .expect("a request reaches the wire");
         send.send_response(resp);
         format!("{} {}", req.method(), req.uri().path())
+    }
+
+    /// The transport's future is polled by the task that sent the request, through kube's
+    /// client and its buffer: a reconcile's scope counts its own requests
+    /// (`celld_operator_reaction_pass_requests`); requests of other tasks are not counted.
+    #[tokio::test]
+    async fn a_reconciles_requests_are_counted_through_kubes_client() {
+        let (t, mut handle) = transport(TransportOptions::default());
+        let client = kube::Client::new(t, "ns");
+        let metrics = crate::metrics::Metrics::default();
+        let sts: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
+            kube::Api::namespaced(client, "ns");
+        let answering = tokio::spawn(async move {
+            for _ in 0..3 {
+                answer(
+                    &mut handle,
+                    status_response(StatusCode::NOT_FOUND, "NotFound", "not found"),
+                )
+                .await;
+            }
+        });
+        // One request from another task, outside any reconcile.
+        let other = sts.clone();
+        tokio::spawn(async move { other.get_opt("elsewhere").await })
+            .await
+            .unwrap()
+            .unwrap();
+        crate::reaction::scope(async {
+            assert!(sts.get_opt("f").await.unwrap().is_none());
+            assert!(sts.get_opt("g").await.unwrap().is_none());
+            crate::reaction::wrote(&metrics);
+        })
+        .await;
+        answering.await.unwrap();
+        let text = metrics.encode();
+        assert!(
+            text.contains("celld_operator_reaction_pass_requests_sum 2.0"),
+            "{text}"
+        );
     }
 
     #[test]

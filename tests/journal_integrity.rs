@@ -411,11 +411,15 @@ async fn every_journal_mismatch_ends_blocked_with_bounded_writes_and_its_command
             );
         }
     }
-    let reset_events = events_about(&client, &ns.name, "reset").await;
-    assert!(
-        reset_events.iter().any(|(r, _, _)| r == "JournalReset"),
-        "{reset_events:?}"
-    );
+    // Events are sent after their entry is committed (src/events.rs): waited for.
+    until("the JournalReset Event", 60, &api, "reset", || async {
+        events_about(&client, &ns.name, "reset")
+            .await
+            .iter()
+            .any(|(r, _, _)| r == "JournalReset")
+            .then_some(())
+    })
+    .await;
     // A journal that verifies is never reset: the command is refused and removed.
     let seq = seq_of(annotation(&api, "missing").await.as_deref());
     cli_ok(&[

@@ -269,25 +269,33 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
             );
         }
     }
-    // One Event per journal entry, reason by entry type, the operation id in the note.
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    // One Event per journal entry, reason by entry type, the operation id in the note. Events
+    // are sent after their entry is committed, off the reconcile's path (src/events.rs): wait
+    // for every Scale's `OperationCompleted`, then count.
+    let completed = |list: &kube::core::ObjectList<k8s_openapi::api::events::v1::Event>,
+                     id: &str| {
+        list.items.iter().any(|e| {
+            e.reason.as_deref() == Some("OperationCompleted")
+                && e.note.as_deref().is_some_and(|n| n.contains(id))
+        })
+    };
+    let events = until("the Events of every entry", 60, &api, "alpha", || async {
+        let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        scales
+            .iter()
+            .all(|o| completed(&list, o.id.as_str()))
+            .then_some(list)
+    })
+    .await;
     let intents: Vec<_> = events
         .items
         .iter()
         .filter(|e| e.reason.as_deref() == Some("OperationIntent"))
         .collect();
     assert_eq!(intents.len(), 4, "Provision and three Scales");
-    let scale_id = &scales[0].id;
-    assert!(events
-        .items
-        .iter()
-        .any(|e| e.reason.as_deref() == Some("OperationCompleted")
-            && e.note
-                .as_deref()
-                .is_some_and(|n| n.contains(scale_id.as_str()))));
     cleanup(&client, ns).await;
 }
 
@@ -1373,19 +1381,30 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
         (format!("{:?}", cur.kind) == "Upgrade" && stalled).then_some(cur.id)
     })
     .await;
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("OperationStalled")
-                && e.type_.as_deref() == Some("Warning")
-                && e.note.as_deref().is_some_and(|n| n.contains(&op_id))),
-        "a Warning OperationStalled event names {op_id}"
-    );
+    // Sent after the entry is committed (src/events.rs): waited for, not read once.
+    until(
+        "a Warning OperationStalled event naming the operation",
+        60,
+        &api,
+        "sigma",
+        || async {
+            let events =
+                Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+            events
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("OperationStalled")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.note.as_deref().is_some_and(|n| n.contains(&op_id))
+                })
+                .then_some(())
+        },
+    )
+    .await;
     let text = scrape().await;
     let labels = format!("namespace=\"{}\",fleet=\"sigma\"", ns.name);
     assert!(

@@ -663,9 +663,14 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
     let marker = effect.to_string();
-    let live = workload::get(&client, &run.ns, &run.name, sts)
-        .await
-        .ctx(|| "reading the workload".into())?;
+    // The guard's two fresh reads, the workload and (a contraction) the recorded victim, are
+    // sent together: neither depends on the other's answer, and this is the reacting
+    // reconcile's path from a settled member to the next write.
+    let (live, victim) = futures::join!(
+        workload::get(&client, &run.ns, &run.name, sts),
+        victim_unchanged(run, op)
+    );
+    let live = live.ctx(|| "reading the workload".into())?;
 
     if let Some(live) = &live {
         if live.marker() == Some(marker.as_str()) {
@@ -756,7 +761,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             w.replicas(),
             op.intent.from
         )),
-        Some(_) => match victim_unchanged(run, op).await? {
+        Some(_) => match victim? {
             Ok(()) => new_members_claims_ok(run, op).await?,
             Err(why) => Err(why),
         },

@@ -271,9 +271,7 @@ pub(crate) async fn check(run: &mut Run<'_>) -> Result<Option<Report>, Error> {
                 action: "ForeignOperator".into(),
                 secondary: None,
             };
-            if let Err(e) = recorder.publish(&event, &run.fleet.object_ref(&())).await {
-                tracing::warn!(error = %e, "publishing the ForeignOperator Event failed");
-            }
+            recorder.publish(event, run.fleet.object_ref(&())).await;
         }
     }
     Ok(Some(Report::blocked(&reasons::FOREIGN_OPERATOR, message)))

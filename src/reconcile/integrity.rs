@@ -178,9 +178,7 @@ async fn event(ctx: &Ctx, fleet: &CelldFleet, type_: EventType, reason: &str, no
         action: reason.into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &fleet.object_ref(&())).await {
-        tracing::warn!(error = %e, reason, "publishing an Event failed");
-    }
+    recorder.publish(event, fleet.object_ref(&())).await;
 }
 
 /// Consumes a repair command (`restore-from-mirror`, `reset <reason>`) before the journal is

@@ -60,8 +60,9 @@ pub struct Ctx {
     pub leader: Leader,
     /// Leadership of this process (`None`: a single replica without election, tests only).
     pub leadership: Option<crate::leader::Leadership>,
-    /// Publishes one Event per journal entry (`None`: no Events, e.g. in unit tests).
-    pub recorder: Option<kube::runtime::events::Recorder>,
+    /// Queues one Event per journal entry, sent off the reconcile's path (`None`: no Events,
+    /// e.g. in unit tests).
+    pub recorder: Option<crate::events::Outbox>,
     /// Prometheus metrics.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// Fleets reconciled since this process started (to count replays of open operations).
@@ -316,7 +317,7 @@ impl Run<'_> {
     }
 
     /// The Event recorder (`None` in a cached pass, which then escalates).
-    pub fn recorder(&self) -> Option<&kube::runtime::events::Recorder> {
+    pub fn recorder(&self) -> Option<&crate::events::Outbox> {
         crate::pass::recorder(&self.ctx.recorder)
     }
 
@@ -555,9 +556,7 @@ impl Run<'_> {
                 ),
                 secondary: None,
             };
-            if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
-                tracing::warn!(error = %e, "publishing a journal signal Event failed");
-            }
+            recorder.publish(event, self.fleet.object_ref(&())).await;
         }
     }
 
@@ -701,9 +700,7 @@ impl Run<'_> {
             action: format!("{kind:?}-{}", entry.seq()),
             secondary: None,
         };
-        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
-            tracing::warn!(error = %e, "publishing the journal Event failed");
-        }
+        recorder.publish(event, self.fleet.object_ref(&())).await;
     }
 
     /// A Warning Event about a member on the fleet (the Pod as the related object).
@@ -720,9 +717,7 @@ impl Run<'_> {
             action: format!("{reason}-{}", pod.metadata.uid.as_deref().unwrap_or("")),
             secondary: Some(pod.object_ref(&())),
         };
-        if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
-            tracing::warn!(error = %e, "publishing {reason} failed");
-        }
+        recorder.publish(event, self.fleet.object_ref(&())).await;
     }
 
     /// `MemberSelfFenced` (docs/runtime.md "Process, health and self-fencing"): a member's
@@ -778,9 +773,7 @@ impl Run<'_> {
                     action: format!("SelfFence-{}", c.restart_count),
                     secondary: Some(pod.object_ref(&())),
                 };
-                if let Err(e) = recorder.publish(&event, &self.fleet.object_ref(&())).await {
-                    tracing::warn!(error = %e, "publishing MemberSelfFenced failed");
-                }
+                recorder.publish(event, self.fleet.object_ref(&())).await;
             }
         }
     }
@@ -2202,11 +2195,18 @@ mod pass_reads_tests {
         let mut run = planning_run(&ctx, client, fleet.clone(), journal.clone(), cache);
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
-            // The guard's read finds 4 replicas; the fence re-reads before its write.
-            for answer_with in [owned_sts("21", 4), owned_sts("21", 4)] {
+            // The guard's reads (sent together: the workload, which has 4 replicas, and the
+            // recorded victim); the fence re-reads the workload before its write.
+            for _ in 0..3 {
                 let (req, send) = handle.next_request().await.expect("a request");
-                seen.push(format!("{} {}", req.method(), req.uri().path()));
-                send.send_response(answer(answer_with));
+                let path = req.uri().path().to_string();
+                seen.push(format!("{} {path}", req.method()));
+                send.send_response(if path.ends_with("/pods/f-2") {
+                    answer(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "f-2", "namespace": "ns", "uid": "p-2"}}))
+                } else {
+                    answer(owned_sts("21", 4))
+                });
             }
             seen
         });
@@ -2226,12 +2226,20 @@ mod pass_reads_tests {
             "nothing appended"
         );
         drop(run);
+        let mut seen = served(server, "the three reads").await;
         assert_eq!(
-            served(server, "the two reads").await,
+            seen.pop().as_deref(),
+            Some("GET /apis/apps/v1/namespaces/ns/statefulsets/f"),
+            "the fence's re-read comes last"
+        );
+        seen.sort();
+        assert_eq!(
+            seen,
             [
+                "GET /api/v1/namespaces/ns/pods/f-2",
                 "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
-                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
-            ]
+            ],
+            "the guard's two reads, in either order"
         );
 
         // Nothing is sent from here on: the mock has no server left.

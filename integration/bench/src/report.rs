@@ -486,7 +486,8 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
     for (part, [n, mean, p50, p90, p99]) in &r.reaction_ms_by_part {
         let _ = writeln!(
             o,
-            "{pad}  operator's reaction, {part} (the reconcile that wrote, its start → the write): n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds)"
+            "{pad}  operator's reaction, {part} (the reconcile that wrote, its start → the write): n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds); requests it sent up to the write, mean {}",
+            opt(r.reaction_requests_mean)
         );
     }
     let _ = writeln!(

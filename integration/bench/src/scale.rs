@@ -450,6 +450,10 @@ pub struct Reaction {
     /// `pass_to_write`: `[n, mean ms, p50, p90, p99]`, quantiles as bucket upper bounds;
     /// empty when not exported).
     pub reaction_ms_by_part: BTreeMap<String, [f64; 5]>,
+    /// Requests that reconcile sent up to and including the write, on average
+    /// (`celld_operator_reaction_pass_requests`; `None` when not exported).
+    #[serde(serialize_with = "na")]
+    pub reaction_requests_mean: Option<f64>,
     /// Requests per completed operation by `verb resource` (Lease excluded).
     pub per_operation_by_request: BTreeMap<String, f64>,
 }
@@ -1605,6 +1609,7 @@ async fn react(
         },
         request_ms_by_verb: d.request_ms_by_verb(),
         reaction_ms_by_part: d.reaction_ms_by_part(),
+        reaction_requests_mean: d.reaction_requests_mean(),
         per_operation_by_request: d
             .requests
             .iter()

@@ -54,6 +54,9 @@ pub struct Snapshot {
     /// cumulative bucket counts, with `le = "sum"` and `"count"` for the sum and the count
     /// (empty when not exported).
     pub reaction: BTreeMap<(String, String), f64>,
+    /// `celld_operator_reaction_pass_requests` `_sum` and `_count` (keys `sum`, `count`;
+    /// empty when not exported).
+    pub reaction_requests: BTreeMap<String, f64>,
     /// `celld_operator_fleets_reconciled` (gauge); `None` when not exported.
     pub fleets_reconciled: Option<f64>,
     /// `celld_operator_leader_ready_seconds` (gauge, set once); `None` when not exported or
@@ -90,6 +93,7 @@ impl Snapshot {
             request_seconds: sub(&self.request_seconds, &before.request_seconds),
             requests_timed: sub(&self.requests_timed, &before.requests_timed),
             reaction: sub(&self.reaction, &before.reaction),
+            reaction_requests: sub(&self.reaction_requests, &before.reaction_requests),
             errors: sub(&self.errors, &before.errors),
             appends: sub(&self.appends, &before.appends),
             passes: self.passes.as_ref().map(|a| {
@@ -134,6 +138,8 @@ pub struct Delta {
     pub requests_timed: BTreeMap<String, f64>,
     /// `celld_operator_reaction_pass_seconds` by `(part, le | "sum" | "count")`.
     pub reaction: BTreeMap<(String, String), f64>,
+    /// `celld_operator_reaction_pass_requests` by `sum` and `count`.
+    pub reaction_requests: BTreeMap<String, f64>,
     /// Failed reconciles by reason.
     pub errors: BTreeMap<String, f64>,
     /// Journal entries appended by type.
@@ -188,6 +194,7 @@ impl Delta {
                 .iter()
                 .map(|(k, v)| (k.clone(), v / n))
                 .collect(),
+            reaction_requests: div(&self.reaction_requests),
             errors: div(&self.errors),
             appends: div(&self.appends),
             passes: self.passes.as_ref().map(div),
@@ -206,6 +213,13 @@ impl Delta {
                 (verb.clone(), secs * 1000.0 / n)
             })
             .collect()
+    }
+
+    /// Mean requests the reconcile that wrote sent up to and including its guarded workload
+    /// write (`celld_operator_reaction_pass_requests`; `None` when not exported or none).
+    pub fn reaction_requests_mean(&self) -> Option<f64> {
+        let n = self.reaction_requests.get("count").copied().unwrap_or(0.0);
+        (n > 0.0).then(|| self.reaction_requests.get("sum").copied().unwrap_or(0.0) / n)
     }
 
     /// `celld_operator_reaction_pass_seconds` by part: `[n, mean ms, p50, p90, p99]`, the
@@ -426,6 +440,12 @@ pub fn parse(text: &str) -> Snapshot {
                 };
                 s.reaction.insert((PASS_TO_WRITE.into(), le), value);
             }
+            "celld_operator_reaction_pass_requests_sum" => {
+                s.reaction_requests.insert("sum".into(), value);
+            }
+            "celld_operator_reaction_pass_requests_count" => {
+                s.reaction_requests.insert("count".into(), value);
+            }
             "celld_operator_reconcile_errors_total" => {
                 *s.errors.entry(label("reason")).or_default() += value;
             }
@@ -513,6 +533,7 @@ mod tests {
         assert_eq!(d.lease_requests(), 2.0);
         assert_eq!(d.fleet_requests(), 4.0);
         assert!(d.reaction_ms_by_part().is_empty(), "not exported");
+        assert_eq!(d.reaction_requests_mean(), None, "not exported");
         assert_eq!((d.passes, d.escalations), (None, None), "not exported");
         let reacted = parse(
             "celld_operator_reaction_pass_seconds_bucket{le=\"0.001\"} 0\n\
@@ -520,9 +541,13 @@ mod tests {
              celld_operator_reaction_pass_seconds_bucket{le=\"0.004\"} 9\n\
              celld_operator_reaction_pass_seconds_bucket{le=\"+Inf\"} 10\n\
              celld_operator_reaction_pass_seconds_sum 0.05\n\
-             celld_operator_reaction_pass_seconds_count 10\n",
+             celld_operator_reaction_pass_seconds_count 10\n\
+             celld_operator_reaction_pass_requests_bucket{le=\"1.0\"} 0\n\
+             celld_operator_reaction_pass_requests_sum 65.0\n\
+             celld_operator_reaction_pass_requests_count 10\n",
         )
         .since(&before);
+        assert_eq!(reacted.reaction_requests_mean(), Some(6.5));
         assert_eq!(
             reacted.reaction_ms_by_part(),
             BTreeMap::from([(
