@@ -382,35 +382,11 @@ where
         Box::pin(async move {
             // Polled by the task that sent the request (kube's client buffer hands this
             // future back to it), so a reconcile's scope sees its own requests.
-            crate::reaction::sent();
+            let sent = crate::reaction::sent();
             let info = RequestInfo::of(req.method().as_str(), req.uri().path(), req.uri().query());
-            let retry_reads = matches!(info.verb, "get" | "list");
-            let mut attempt = 0;
-            let mut req = req;
-            loop {
-                let again = if retry_reads && attempt < READ_RETRIES {
-                    copy_request(&req)
-                } else {
-                    None
-                };
-                let resp = this.attempt(&info, req).await?;
-                let retryable = matches!(
-                    resp.status(),
-                    StatusCode::TOO_MANY_REQUESTS
-                        | StatusCode::SERVICE_UNAVAILABLE
-                        | StatusCode::GATEWAY_TIMEOUT
-                );
-                match again {
-                    Some(next) if retryable => {
-                        let delay = retry_delay(&resp, attempt);
-                        tracing::debug!(request = %info, status = resp.status().as_u16(), ?delay, "retrying a read");
-                        tokio::time::sleep(delay).await;
-                        attempt += 1;
-                        req = next;
-                    }
-                    _ => return Ok(resp),
-                }
-            }
+            let answer = this.with_read_retries(&info, req).await;
+            crate::reaction::answered(sent, &info);
+            answer
         })
     }
 }
@@ -420,6 +396,41 @@ where
     S: Service<Request<Body>, Response = Resp, Error = BoxError> + Send + 'static,
     S::Future: Send + 'static,
 {
+    /// Sends `req`; a GET answered 429, 503 or 504 is tried again (at most [`READ_RETRIES`]).
+    async fn with_read_retries(
+        &self,
+        info: &RequestInfo,
+        req: Request<Body>,
+    ) -> Result<Resp, BoxError> {
+        let retry_reads = matches!(info.verb, "get" | "list");
+        let mut attempt = 0;
+        let mut req = req;
+        loop {
+            let again = if retry_reads && attempt < READ_RETRIES {
+                copy_request(&req)
+            } else {
+                None
+            };
+            let resp = self.attempt(info, req).await?;
+            let retryable = matches!(
+                resp.status(),
+                StatusCode::TOO_MANY_REQUESTS
+                    | StatusCode::SERVICE_UNAVAILABLE
+                    | StatusCode::GATEWAY_TIMEOUT
+            );
+            match again {
+                Some(next) if retryable => {
+                    let delay = retry_delay(&resp, attempt);
+                    tracing::debug!(request = %info, status = resp.status().as_u16(), ?delay, "retrying a read");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                    req = next;
+                }
+                _ => return Ok(resp),
+            }
+        }
+    }
+
     /// One attempt: Lease guard, fault injection, timeout, send.
     async fn attempt(&self, info: &RequestInfo, req: Request<Body>) -> Result<Resp, BoxError> {
         if info.is_write() && !info.is_lease() && !self.opts.skip_lease_guard {
@@ -595,7 +606,7 @@ mod tests {
         crate::reaction::scope(async {
             assert!(sts.get_opt("f").await.unwrap().is_none());
             assert!(sts.get_opt("g").await.unwrap().is_none());
-            crate::reaction::wrote(&metrics);
+            crate::reaction::wrote(&metrics, "ns/f");
         })
         .await;
         answering.await.unwrap();

@@ -817,7 +817,7 @@ impl Run<'_> {
         live: &workload::LiveWorkload,
     ) -> Result<workload::LiveWorkload, kube::Error> {
         let written = workload::replace(&self.client, &self.ns, live).await?;
-        crate::reaction::wrote(&self.ctx.metrics);
+        crate::reaction::wrote(&self.ctx.metrics, &format!("{}/{}", self.ns, self.name));
         self.saw_workload(Some(&written));
         self.ctx.own_writes.replaced(
             &crate::own_writes::workload_key(&self.ns, &self.name),
