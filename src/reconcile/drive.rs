@@ -663,12 +663,13 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
     let marker = effect.to_string();
-    // The guard's two fresh reads, the workload and (a contraction) the recorded victim, are
-    // sent together: neither depends on the other's answer, and this is the reacting
-    // reconcile's path from a settled member to the next write.
-    let (live, victim) = futures::join!(
+    // The guard's fresh reads, the workload, (a contraction) the recorded victim and (a
+    // growth of a PersistentFleet) the claims at the new members' names, are sent together:
+    // none depends on another's answer, and this is a reacting reconcile's path to its write.
+    let (live, victim, claims) = futures::join!(
         workload::get(&client, &run.ns, &run.name, sts),
-        victim_unchanged(run, op)
+        victim_unchanged(run, op),
+        new_members_claims_ok(run, op)
     );
     let live = live.ctx(|| "reading the workload".into())?;
 
@@ -697,7 +698,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
                 "The workload appeared before it was created; planning again".into(),
             ));
         }
-        if let Err(why) = new_members_claims_ok(run, op).await? {
+        if let Err(why) = claims? {
             return cancel_predecessor_changed(run, op, &why).await;
         }
         let want = rendered(run, op.intent.to, op.intent.token.as_deref());
@@ -762,7 +763,7 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
             op.intent.from
         )),
         Some(_) => match victim? {
-            Ok(()) => new_members_claims_ok(run, op).await?,
+            Ok(()) => claims?,
             Err(why) => Err(why),
         },
     };

@@ -74,7 +74,24 @@ fn identity_and_storage_due(run: &Run<'_>) -> bool {
 /// verified generation when both are fine.
 pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error> {
     let sa = &run.fleet.spec.service_account_name;
-    if !run.service_account_exists(sa).await? {
+    let class_name = run
+        .fleet
+        .spec
+        .storage
+        .storage_class_name
+        .clone()
+        .unwrap_or_default();
+    // Both reads are sent together (the StorageClass only for a PersistentFleet): neither
+    // depends on the other, and they are on the way to an operation's first write.
+    let persistent = run.fleet.spec.profile == Profile::PersistentFleet;
+    let (sa_exists, class) = futures::join!(run.service_account_exists(sa), async {
+        if persistent {
+            run.storage_class(&class_name).await.map(Some)
+        } else {
+            Ok(None)
+        }
+    });
+    if !sa_exists? {
         return Ok(Some(Report::blocked(
             &reasons::SERVICE_ACCOUNT_MISSING,
             format!(
@@ -83,15 +100,8 @@ pub async fn identity_and_storage(run: &Run<'_>) -> Result<Option<Report>, Error
             ),
         )));
     }
-    if run.fleet.spec.profile == Profile::PersistentFleet {
-        let class_name = run
-            .fleet
-            .spec
-            .storage
-            .storage_class_name
-            .clone()
-            .unwrap_or_default();
-        match run.storage_class(&class_name).await? {
+    if let Some(class) = class? {
+        match class {
             None => {
                 return Ok(Some(Report::blocked(
                     &reasons::STORAGE_CLASS_MISSING,
