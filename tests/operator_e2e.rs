@@ -272,26 +272,21 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
     // One Event per journal entry, reason by entry type, the operation id in the note. Events
     // are sent after their entry is committed, off the reconcile's path (src/events.rs): wait
     // for every Scale's `OperationCompleted`, then count.
-    let completed = |list: &kube::core::ObjectList<k8s_openapi::api::events::v1::Event>,
-                     id: &str| {
-        list.items.iter().any(|e| {
+    let completed = |events: &[k8s_openapi::api::events::v1::Event], id: &str| {
+        events.iter().any(|e| {
             e.reason.as_deref() == Some("OperationCompleted")
                 && e.note.as_deref().is_some_and(|n| n.contains(id))
         })
     };
     let events = until("the Events of every entry", 60, &api, "alpha", || async {
-        let list = Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-            .list(&ListParams::default())
-            .await
-            .ok()?;
+        let events = events_in(&client, &ns.name).await?;
         scales
             .iter()
-            .all(|o| completed(&list, o.id.as_str()))
-            .then_some(list)
+            .all(|o| completed(&events, o.id.as_str()))
+            .then_some(events)
     })
     .await;
     let intents: Vec<_> = events
-        .items
         .iter()
         .filter(|e| e.reason.as_deref() == Some("OperationIntent"))
         .collect();
@@ -1191,18 +1186,15 @@ async fn a_rolled_back_journal_is_reported_and_its_missing_effect_recovered_not_
         .await
         .unwrap();
     let _op = Operator::start(None);
-    until("a JournalRollback event", 60, &api, "nu", || async {
-        let events =
-            Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-                .list(&ListParams::default())
-                .await
-                .ok()?;
-        events
-            .items
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("JournalRollback"))
-            .then_some(())
-    })
+    until_event(
+        "a JournalRollback event",
+        60,
+        &api,
+        "nu",
+        &client,
+        &ns.name,
+        |e| e.reason.as_deref() == Some("JournalRollback"),
+    )
     .await;
     let recovered_op = grow_marker.split('/').next().unwrap().to_string();
     until(
@@ -1382,26 +1374,17 @@ async fn an_operation_that_cannot_finish_stalls_and_abandon_frees_the_fleet() {
     })
     .await;
     // Sent after the entry is committed (src/events.rs): waited for, not read once.
-    until(
+    until_event(
         "a Warning OperationStalled event naming the operation",
         60,
         &api,
         "sigma",
-        || async {
-            let events =
-                Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), &ns.name)
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?;
-            events
-                .items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("OperationStalled")
-                        && e.type_.as_deref() == Some("Warning")
-                        && e.note.as_deref().is_some_and(|n| n.contains(&op_id))
-                })
-                .then_some(())
+        &client,
+        &ns.name,
+        |e| {
+            e.reason.as_deref() == Some("OperationStalled")
+                && e.type_.as_deref() == Some("Warning")
+                && e.note.as_deref().is_some_and(|n| n.contains(&op_id))
         },
     )
     .await;

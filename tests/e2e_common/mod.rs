@@ -356,6 +356,41 @@ pub async fn claim_uid(client: &Client, ns: &str, name: &str) -> Option<String> 
         .and_then(|c| c.uid())
 }
 
+/// The Events in `ns` (`None` when the list fails, so a poll tries again).
+pub async fn events_in(
+    client: &Client,
+    ns: &str,
+) -> Option<Vec<k8s_openapi::api::events::v1::Event>> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .ok()
+        .map(|l| l.items)
+}
+
+/// Waits (at most `secs`, reporting fleet `name`'s conditions on timeout, as [`until`]) for an
+/// Event in `ns` that `matches`. The operator sends Events after their journal entry is
+/// committed, off the reconcile's path (src/events.rs): a check right after a state may come
+/// before them.
+pub async fn until_event(
+    what: &str,
+    secs: u64,
+    api: &Api<CelldFleet>,
+    name: &str,
+    client: &Client,
+    ns: &str,
+    matches: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) {
+    until(what, secs, api, name, || async {
+        events_in(client, ns)
+            .await?
+            .iter()
+            .any(&matches)
+            .then_some(())
+    })
+    .await
+}
+
 pub use celld_testbed::audit::{AuditEvent, AuditLog};
 
 /// The audit log of the test control plane from now on (see [`AuditLog::since_now`]).
