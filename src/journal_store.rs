@@ -52,8 +52,8 @@ pub fn load(fleet: &CelldFleet) -> Result<Journal, LoadError> {
 pub struct Committed {
     /// The journal after the append.
     pub journal: Journal,
-    /// The sealed entry (to publish as an Event).
-    pub entry: Entry,
+    /// The sealed entries, oldest first (each is published as an Event).
+    pub entries: Vec<Entry>,
     /// The fleet as the API server returned it (new resourceVersion).
     pub fleet: CelldFleet,
     /// `JournalDiverged` / `JournalRollback` found while mirroring (publish as Warning Events).
@@ -77,20 +77,35 @@ pub fn ensure_mirrored(
     Ok(mirror.reconcile(doc)?.signals)
 }
 
-/// Appends `entry` to the journal of `fleet` (as read, with its resourceVersion), then
-/// mirrors it. `remove` names annotations removed in the same write: a consumed
-/// `journal-command` (so a command is consumed exactly when its entry is committed), or a
-/// `replace-member` request closed by this entry.
+/// Appends `entries` (one or more, in order) to the journal of `fleet` (as read, with its
+/// resourceVersion) in one compare-and-swap, then mirrors them. Several entries in one write
+/// commit together or not at all: an operation's `Observed` and `Completed` are one write
+/// (docs/design.md "Journal writes"). `remove` names annotations removed in the same write: a
+/// consumed `journal-command` (so a command is consumed exactly when its entry is committed),
+/// or a `replace-member` request closed by this entry.
 pub async fn append(
     api: &Api<CelldFleet>,
     fleet: &CelldFleet,
     journal: &Journal,
-    entry: NewEntry,
+    entries: Vec<NewEntry>,
     budget: Budget,
     mirror: Option<&Mirror>,
     remove: &[&str],
 ) -> Result<Committed, AppendError> {
-    let staged = journal.stage(entry, budget)?;
+    if entries.is_empty() {
+        return Err(AppendError::Incomplete("an entry to append"));
+    }
+    // Each entry is staged on the journal the one before it produced: its seq, prev hash,
+    // legality in the fold and the budget (with compaction) are checked as if appended alone.
+    let mut staged_journal = journal.clone();
+    let mut sealed = Vec::with_capacity(entries.len());
+    let mut annotation = String::new();
+    for entry in entries {
+        let staged = staged_journal.stage(entry, budget)?;
+        annotation = staged.annotation().to_owned();
+        sealed.push(staged.entry().clone());
+        staged_journal = staged.into_journal();
+    }
     let name = fleet
         .metadata
         .name
@@ -102,7 +117,7 @@ pub async fn append(
         .as_deref()
         .ok_or(AppendError::Incomplete("a resourceVersion"))?;
     let mut annotations = serde_json::Map::new();
-    annotations.insert(JOURNAL_ANNOTATION.into(), json!(staged.annotation()));
+    annotations.insert(JOURNAL_ANNOTATION.into(), json!(annotation));
     for key in remove {
         annotations.insert((*key).into(), serde_json::Value::Null);
     }
@@ -119,20 +134,19 @@ pub async fn append(
         }
         Err(e) => return Err(AppendError::Unknown(e)),
     };
-    let entry = staged.entry().clone();
-    let journal = staged.into_journal();
+    let journal = staged_journal;
     let mut signals = Vec::new();
     if let Some(mirror) = mirror {
         // `record` flushes; a mirror that is behind is reconciled (once, inside `record`)
-        // from the annotation just written, which is verified: it is this journal plus one
-        // sealed entry. The reconcile's signals are published by the caller.
-        if let Some(plan) = mirror.record(journal.document(), &entry)? {
+        // from the annotation just written, which is verified: it is this journal plus the
+        // sealed entries. The reconcile's signals are published by the caller.
+        if let Some(plan) = mirror.record(journal.document(), &sealed)? {
             signals = plan.signals;
         }
     }
     Ok(Committed {
         journal,
-        entry,
+        entries: sealed,
         fleet: patched,
         signals,
     })

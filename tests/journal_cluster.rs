@@ -97,12 +97,22 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
             outcome: CompletedOutcome::Succeeded,
         }),
     ];
-    for body in bodies {
+    // Intent and Issued one write each; Observed and Completed together, in one write, as
+    // the operator appends them.
+    let mut bodies = bodies.into_iter();
+    let writes: Vec<Vec<EntryBody>> = vec![
+        bodies.next().into_iter().collect(),
+        bodies.next().into_iter().collect(),
+        bodies.collect(),
+    ];
+    for write in writes {
+        let n = write.len();
+        let seq_before = journal.document().seq();
         let committed = journal_store::append(
             &api,
             &fleet,
             &journal,
-            entry(op, body),
+            write.into_iter().map(|b| entry(op, b)).collect(),
             budget,
             Some(&mirror),
             &[],
@@ -113,6 +123,20 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
             committed.fleet.resource_version(),
             fleet.resource_version(),
             "each append is a write"
+        );
+        let seqs: Vec<u64> = committed.entries.iter().map(|e| e.seq()).collect();
+        assert_eq!(
+            seqs,
+            (seq_before + 1..=seq_before + n as u64).collect::<Vec<_>>(),
+            "one write holds consecutive entries"
+        );
+        assert_eq!(
+            journal_store::load(&committed.fleet)
+                .unwrap()
+                .document()
+                .head(),
+            committed.journal.document().head(),
+            "the stored annotation is the journal with every entry of the write"
         );
         fleet = committed.fleet;
         journal = committed.journal;
@@ -157,7 +181,7 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
         &api,
         &fleet,
         &journal,
-        entry(op2, EntryBody::Intent(stale_intent)),
+        vec![entry(op2, EntryBody::Intent(stale_intent))],
         budget,
         Some(&mirror),
         &[],
@@ -167,7 +191,41 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
         matches!(result, Err(AppendError::Conflict(_))),
         "{result:?}"
     );
+    // Entries of one write commit together or not at all: a second Intent for the same
+    // operation is illegal, so neither is written, even to a fresh copy.
+    let fresh = api.get("gamma").await.unwrap();
+    let illegal = Intent {
+        kind: OperationKind::Restart,
+        from: 4,
+        to: 4,
+        token: Some("t2".into()),
+        image: None,
+        reason: None,
+        deadline: default_deadline(Utc.with_ymd_and_hms(2026, 11, 29, 10, 6, 0).unwrap(), None),
+        targets: vec![],
+        workload_uid: Some("wl".into()),
+        predecessor_effect: journal.predecessor_effect(),
+    };
+    let op3 = OperationId::new_v4();
+    let result = journal_store::append(
+        &api,
+        &fresh,
+        &journal,
+        vec![
+            entry(op3, EntryBody::Intent(illegal.clone())),
+            entry(op3, EntryBody::Intent(illegal)),
+        ],
+        budget,
+        Some(&mirror),
+        &[],
+    )
+    .await;
+    assert!(matches!(result, Err(AppendError::Stage(_))), "{result:?}");
     let after = api.get("gamma").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version, fresh.metadata.resource_version,
+        "nothing written"
+    );
     assert_eq!(
         after.annotations().get(JOURNAL_ANNOTATION),
         stored.annotations().get(JOURNAL_ANNOTATION)

@@ -14,7 +14,7 @@
 //! patch_with_resource_version(fleet, rv, staged.annotation()).await?;     // compare-and-swap
 //! let entry = staged.entry().clone();
 //! let journal = staged.into_journal();
-//! mirror.record(journal.document(), &entry)?;   // flushed: only now issue the effect
+//! mirror.record(journal.document(), &[entry])?; // flushed: only now issue the effect
 //! ```
 //!
 //! After a conflict or an unknown outcome ([`AppendError::Lost`]: the request may or may not

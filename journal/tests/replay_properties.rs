@@ -276,7 +276,10 @@ impl Harness {
                 let doc = a.journal.document().clone();
                 p.cached = Some((a.journal, a.version));
                 self.boundary()?;
-                let plan = self.mirror.record(&doc, &entry).unwrap();
+                let plan = self
+                    .mirror
+                    .record(&doc, std::slice::from_ref(&entry))
+                    .unwrap();
                 if let Some(plan) = plan {
                     assert!(plan.signals.is_empty(), "{:?}", plan.signals);
                 }

@@ -286,6 +286,7 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
         }
         return Box::pin(issue(run, &op)).await;
     }
+    let mut observed = None;
     if !op.observed {
         if let Some(why) = marker_moved_after_issue(run, &op).await? {
             // Another writer changed the workload after this operation's write: going on
@@ -305,14 +306,11 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
             ));
         }
         match target_reached(run, &op).await? {
+            // Appended with `Completed`, in one write, below.
             Ok(()) => {
-                run.append(
-                    op.id,
-                    EntryBody::Observed(Observed {
-                        note: observed_note(&op),
-                    }),
-                )
-                .await?;
+                observed = Some(EntryBody::Observed(Observed {
+                    note: observed_note(&op),
+                }));
             }
             Err(waiting) => {
                 if let Some(why) = superseded(run, &op) {
@@ -336,13 +334,14 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     // A planning cached pass completes only an operation it may carry out itself.
     let _decision = run.decide(op.kind, false)?;
     failpoint::reach("before-complete");
-    run.append(
-        op.id,
-        EntryBody::Completed(Completed {
-            outcome: CompletedOutcome::Succeeded,
-        }),
-    )
-    .await?;
+    // `Observed` (when this pass saw the target reached) and `Completed` are one write
+    // (docs/design.md "Journal writes"): a crash before it leaves neither, and the next pass
+    // checks the target again; an `Observed` already in the journal is not repeated.
+    let mut bodies: Vec<EntryBody> = observed.into_iter().collect();
+    bodies.push(EntryBody::Completed(Completed {
+        outcome: CompletedOutcome::Succeeded,
+    }));
+    run.append_all(op.id, bodies).await?;
     Ok(Report::provisioning(format!(
         "{} {} completed",
         op.kind, op.id

@@ -572,13 +572,34 @@ impl Run<'_> {
         body: EntryBody,
         remove_command: bool,
     ) -> Result<Entry, Error> {
+        let mut committed = self.append_entries(op, vec![body], remove_command).await?;
+        Ok(committed.pop().expect("one entry was appended"))
+    }
+
+    /// Appends several entries of operation `op`, in order, in one compare-and-swap: they
+    /// commit together or not at all (an operation's `Observed` and `Completed`, docs/design.md
+    /// "Journal writes"). Each is checked, mirrored, counted and published as if appended alone.
+    pub async fn append_all(
+        &mut self,
+        op: OperationId,
+        bodies: Vec<EntryBody>,
+    ) -> Result<Vec<Entry>, Error> {
+        self.append_entries(op, bodies, false).await
+    }
+
+    async fn append_entries(
+        &mut self,
+        op: OperationId,
+        bodies: Vec<EntryBody>,
+        remove_command: bool,
+    ) -> Result<Vec<Entry>, Error> {
         let mut remove = Vec::new();
         if remove_command {
             remove.push(JOURNAL_COMMAND_ANNOTATION);
         }
         // An administrative replacement request is removed in the same write that closes its
         // operation (any outcome), unless it was changed meanwhile (then it is a new request).
-        if replace::closes_request(self, op, &body) {
+        if bodies.iter().any(|b| replace::closes_request(self, op, b)) {
             remove.push(crate::api::keys::REPLACE_MEMBER_ANNOTATION);
         }
         // A planning cached pass appends only the entries of an operation it may carry out
@@ -588,12 +609,16 @@ impl Run<'_> {
         // server, and the reconcile goes on from fresh reads at once.
         let _permit = match crate::pass::cached() {
             Some(esc) => {
-                if !(esc.may_plan()
-                    && !esc.escalated()
-                    && remove.is_empty()
-                    && self.plannable_entry(op, &body))
-                {
-                    let what = format!("append {:?}", body.entry_type());
+                let refused = bodies.iter().find(|b| !self.plannable_entry(op, b));
+                if !(esc.may_plan() && !esc.escalated() && remove.is_empty() && refused.is_none()) {
+                    let what = format!(
+                        "append {}",
+                        bodies
+                            .iter()
+                            .map(|b| format!("{:?}", b.entry_type()))
+                            .collect::<Vec<_>>()
+                            .join("+")
+                    );
                     esc.escalate(|| what.clone());
                     return Err(Error::Refused(format!("{what}: left to a fresh pass")));
                 }
@@ -601,18 +626,22 @@ impl Run<'_> {
             }
             None => None,
         };
-        let entry = NewEntry {
-            at: Utc::now(),
-            op,
-            leader: self.ctx.leader.clone(),
-            body,
-        };
+        let at = Utc::now();
+        let entries = bodies
+            .into_iter()
+            .map(|body| NewEntry {
+                at,
+                op,
+                leader: self.ctx.leader.clone(),
+                body,
+            })
+            .collect();
         let replaced = self.fleet.metadata.resource_version.clone();
         let committed = match journal_store::append(
             &self.api,
             &self.fleet,
             &self.journal,
-            entry,
+            entries,
             self.ctx.budget,
             self.ctx.mirror.as_ref(),
             &remove,
@@ -627,28 +656,32 @@ impl Run<'_> {
             Err(e) => return Err(e.into()),
         };
         self.wrote_fleet(replaced.as_deref());
-        tracing::info!(
-            fleet = %format!("{}/{}", self.ns, self.name),
-            op = %committed.entry.op(),
-            seq = committed.entry.seq(),
-            entry = %journal::audit::entry_detail(&committed.entry),
-            "journal entry committed"
-        );
+        for entry in &committed.entries {
+            tracing::info!(
+                fleet = %format!("{}/{}", self.ns, self.name),
+                op = %entry.op(),
+                seq = entry.seq(),
+                entry = %journal::audit::entry_detail(entry),
+                "journal entry committed"
+            );
+        }
         self.fleet = committed.fleet;
         self.journal = committed.journal;
         self.journal_unusable = false;
         self.publish_signals(&committed.signals).await;
-        self.ctx
-            .metrics
-            .appends
-            .get_or_create(&crate::metrics::EntryLabels {
-                namespace: self.ns.clone(),
-                fleet: self.name.clone(),
-                r#type: format!("{:?}", committed.entry.entry_type()),
-            })
-            .inc();
-        self.publish(&committed.entry).await;
-        Ok(committed.entry)
+        for entry in &committed.entries {
+            self.ctx
+                .metrics
+                .appends
+                .get_or_create(&crate::metrics::EntryLabels {
+                    namespace: self.ns.clone(),
+                    fleet: self.name.clone(),
+                    r#type: format!("{:?}", entry.entry_type()),
+                })
+                .inc();
+            self.publish(entry).await;
+        }
+        Ok(committed.entries)
     }
 
     /// Whether a planning cached pass may append `body` for operation `op` itself: the
@@ -2180,6 +2213,106 @@ mod pass_reads_tests {
         assert_eq!(esc.cause(), None, "no escalation");
         assert!(esc.wrote());
         assert!(!esc.deciding() && !esc.permitted(), "every scope closed");
+    }
+
+    /// A contraction whose removed member is gone closes with one journal write: `Observed`
+    /// and `Completed` in one compare-and-swap on the fleet (docs/design.md "Journal
+    /// writes"), decided from the caches with no read; each entry is sealed and chained as if
+    /// appended alone.
+    #[tokio::test]
+    async fn a_reached_target_is_observed_and_completed_in_one_write() {
+        let (mut handle, inner, esc, client) = planning_mock();
+        let ctx = ctx(inner);
+        let (mut closing, journal, op) = contracting();
+        let journal = journal
+            .stage(
+                NewEntry {
+                    at: Utc::now(),
+                    op,
+                    leader: ctx.leader.clone(),
+                    body: EntryBody::Issued(journal::Issued {
+                        step: journal::Step::Replicas,
+                        effect: journal::Effect::new(op, journal::Step::Replicas),
+                        decided_on_resource_version: Some("21".into()),
+                        result_resource_version: Some("22".into()),
+                        replayed: false,
+                        target: None,
+                    }),
+                },
+                Budget::default(),
+            )
+            .unwrap()
+            .into_journal();
+        closing.metadata.annotations = Some(
+            [(
+                crate::api::keys::JOURNAL_ANNOTATION.to_string(),
+                journal.document().encode(),
+            )]
+            .into(),
+        );
+        let mut settled = owned_sts("22", 2);
+        settled["metadata"]["annotations"] =
+            serde_json::json!({crate::api::keys::EFFECT_ANNOTATION: format!("{op}/replicas")});
+        let members = (0..2)
+            .map(|i| {
+                let mut p = pod(&format!("f-{i}"));
+                p["metadata"]["uid"] = format!("p-{i}").into();
+                p
+            })
+            .collect();
+        let cache = cache_of(settled, members);
+        let mut run = planning_run(&ctx, client, closing, journal, cache);
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            let seen = format!("{} {}", req.method(), req.uri().path());
+            let body = http_body_util::BodyExt::collect(req.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let mut patched = serde_json::to_value(fleet()).unwrap();
+            patched["metadata"]["resourceVersion"] = "8".into();
+            patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
+            send.send_response(answer(patched));
+            (seen, patch)
+        });
+        let report = crate::pass::scope(esc.clone(), drive::drive_open(&mut run))
+            .await
+            .unwrap();
+        assert!(report.message.ends_with("completed"), "{}", report.message);
+        assert!(
+            run.journal.fold().current().is_none(),
+            "the operation is closed"
+        );
+        let types: Vec<_> = run.journal.document().entries()[2..]
+            .iter()
+            .map(|e| (e.seq(), format!("{:?}", e.entry_type())))
+            .collect();
+        assert_eq!(
+            types,
+            [(3, "Observed".to_string()), (4, "Completed".to_string())]
+        );
+        drop(run);
+        let (seen, patch) = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the mock server finished")
+            .unwrap();
+        assert_eq!(
+            seen,
+            "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f"
+        );
+        assert_eq!(
+            patch["metadata"]["resourceVersion"], "7",
+            "a compare-and-swap on the fleet as read"
+        );
+        let written = Journal::load(
+            patch["metadata"]["annotations"][crate::api::keys::JOURNAL_ANNOTATION].as_str(),
+            "u-1",
+        )
+        .expect("the written annotation verifies");
+        assert_eq!(written.entries().len(), 4, "both entries in the one write");
+        assert!(written.fold().current().is_none());
+        assert_eq!(esc.cause(), None, "no escalation");
     }
 
     /// When the guard's fresh read shows a change the cache did not, a planning pass neither

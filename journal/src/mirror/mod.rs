@@ -539,16 +539,17 @@ impl Mirror {
         Ok(())
     }
 
-    /// Mirrors a committed append: appends `entry`, or — when the mirror does not continue to
-    /// it (an earlier append's response was lost, or the process stopped before mirroring) —
+    /// Mirrors a committed append of `entries` (one or more, in seq order, written by one
+    /// compare-and-swap): appends them, or — when the mirror does not continue to them (an
+    /// earlier append's response was lost, or the process stopped before mirroring) —
     /// reconciles with `document`, the annotation just written, which backfills. Returns the
     /// plan when a reconcile was needed (publish its signals).
     pub fn record(
         &self,
         document: &Document,
-        entry: &Entry,
+        entries: &[Entry],
     ) -> Result<Option<ReconcilePlan>, MirrorError> {
-        match self.append(document.fleet_uid(), std::slice::from_ref(entry)) {
+        match self.append(document.fleet_uid(), entries) {
             Ok(()) => Ok(None),
             Err(MirrorError::OutOfSync { .. }) => self.reconcile(document).map(Some),
             Err(e) => Err(e),
