@@ -341,11 +341,51 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     bodies.push(EntryBody::Completed(Completed {
         outcome: CompletedOutcome::Succeeded,
     }));
-    run.append_all(op.id, bodies).await?;
+    // The next contraction's victim is read fresh while this write is in flight (docs/design.md
+    // "Fresh reads"): the planner, later in this pass, records that read in its Intent
+    // instead of sending it after the write.
+    let next = next_victim(run, &op).map(|name| {
+        let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
+        async move {
+            let read = pods.get_opt(&name).await;
+            (name, read)
+        }
+    });
+    let (appended, read) = futures::join!(run.append_all(op.id, bodies), async move {
+        match next {
+            Some(read) => Some(read.await),
+            None => None,
+        }
+    });
+    appended?;
+    // A failed read is not kept: the planner sends it again and handles its error.
+    if let Some((name, Ok(pod))) = read {
+        run.next_victim = Some((name, pod));
+    }
     Ok(Report::provisioning(format!(
         "{} {} completed",
         op.kind, op.id
     )))
+}
+
+/// The member the next contraction will remove when `op`, a contraction of a StatefulSet that
+/// is not strict, completes with the fleet still asking for fewer members: the planner opens
+/// that contraction in the same pass, with the StatefulSet's highest remaining ordinal as its
+/// victim. `None` when something else is likely next (a Retire contraction reads its own
+/// targets; a paused fleet plans nothing).
+fn next_victim(run: &Run<'_>, op: &OpenOp) -> Option<String> {
+    let spec = &run.fleet.spec;
+    let contraction = op.kind == OperationKind::Scale && op.intent.to < op.intent.from;
+    let retire = spec.profile == Profile::PersistentFleet
+        && spec.storage.on_scale_in == Some(crate::api::OnScaleIn::Retire);
+    let paused = spec.maintenance.as_ref().is_some_and(|m| m.paused);
+    (contraction
+        && uses_statefulset(spec)
+        && !retire
+        && !paused
+        && op.intent.to > 0
+        && spec.replicas < op.intent.to)
+        .then(|| format!("{}-{}", run.name, op.intent.to - 1))
 }
 
 fn observed_note(op: &OpenOp) -> String {
@@ -1204,10 +1244,15 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             } else if kind == OperationKind::Scale && to < from && sts {
                 // The StatefulSet removes the highest ordinal: record its identity now.
                 let victim = format!("{}-{}", run.name, to);
-                let pod = Api::<Pod>::namespaced(client.clone(), &run.ns)
-                    .get_opt(&victim)
-                    .await
-                    .ctx(|| format!("reading member {victim}"))?;
+                // Read fresh: sent in this pass, either now or while the journal write that
+                // completed the previous contraction was in flight (`next_victim`).
+                let pod = match run.next_victim.take() {
+                    Some((read, pod)) if read == victim => pod,
+                    _ => Api::<Pod>::namespaced(client.clone(), &run.ns)
+                        .get_opt(&victim)
+                        .await
+                        .ctx(|| format!("reading member {victim}"))?,
+                };
                 let claim =
                     (spec.profile == Profile::PersistentFleet).then(|| claim_name(&run.name, to));
                 targets.push(Target {

@@ -241,6 +241,10 @@ pub(crate) struct Run<'a> {
     /// A fresh pass's planning reads, each sent once between two of its writes
     /// (`crate::pass_reads`); `None` in a cached pass and with `--test-fresh-reads`.
     pub reads: Option<std::sync::Arc<crate::pass_reads::PassReads>>,
+    /// The next contraction's victim Pod (name, and the Pod or its absence), read from the
+    /// API server in this pass while the journal write completing the previous contraction
+    /// was in flight; taken by the planner when it records that member (`drive::next_victim`).
+    pub next_victim: Option<(String, Option<k8s_openapi::api::core::v1::Pod>)>,
 }
 
 impl Run<'_> {
@@ -1160,6 +1164,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         requeue: None,
         reads: pass.reads,
         stores: pass.stores,
+        next_victim: None,
     };
     if !run.journal_unusable {
         run.ensure_mirrored().await?;
@@ -1580,6 +1585,7 @@ mod pass_reads_tests {
             requeue: None,
             reads,
             stores: None,
+            next_victim: None,
         }
     }
 
@@ -2223,44 +2229,8 @@ mod pass_reads_tests {
     async fn a_reached_target_is_observed_and_completed_in_one_write() {
         let (mut handle, inner, esc, client) = planning_mock();
         let ctx = ctx(inner);
-        let (mut closing, journal, op) = contracting();
-        let journal = journal
-            .stage(
-                NewEntry {
-                    at: Utc::now(),
-                    op,
-                    leader: ctx.leader.clone(),
-                    body: EntryBody::Issued(journal::Issued {
-                        step: journal::Step::Replicas,
-                        effect: journal::Effect::new(op, journal::Step::Replicas),
-                        decided_on_resource_version: Some("21".into()),
-                        result_resource_version: Some("22".into()),
-                        replayed: false,
-                        target: None,
-                    }),
-                },
-                Budget::default(),
-            )
-            .unwrap()
-            .into_journal();
-        closing.metadata.annotations = Some(
-            [(
-                crate::api::keys::JOURNAL_ANNOTATION.to_string(),
-                journal.document().encode(),
-            )]
-            .into(),
-        );
-        let mut settled = owned_sts("22", 2);
-        settled["metadata"]["annotations"] =
-            serde_json::json!({crate::api::keys::EFFECT_ANNOTATION: format!("{op}/replicas")});
-        let members = (0..2)
-            .map(|i| {
-                let mut p = pod(&format!("f-{i}"));
-                p["metadata"]["uid"] = format!("p-{i}").into();
-                p
-            })
-            .collect();
-        let cache = cache_of(settled, members);
+        let (closing, journal, _op, settled) = contraction_issued();
+        let cache = cache_of(settled, two_members());
         let mut run = planning_run(&ctx, client, closing, journal, cache);
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.expect("a request");
@@ -2313,6 +2283,219 @@ mod pass_reads_tests {
         assert_eq!(written.entries().len(), 4, "both entries in the one write");
         assert!(written.fold().current().is_none());
         assert_eq!(esc.cause(), None, "no escalation");
+    }
+
+    /// The journal of `contracting()` with its Scale 3→2 issued (`Issued` at resourceVersion
+    /// 22), and the StatefulSet at 2 replicas carrying its marker, settled.
+    fn contraction_issued() -> (CelldFleet, Journal, OperationId, serde_json::Value) {
+        let (mut fleet, journal, op) = contracting();
+        let journal = journal
+            .stage(
+                NewEntry {
+                    at: Utc::now(),
+                    op,
+                    leader: Leader {
+                        identity: "test".into(),
+                        lease_transitions: 0,
+                        lease: None,
+                    },
+                    body: EntryBody::Issued(journal::Issued {
+                        step: journal::Step::Replicas,
+                        effect: journal::Effect::new(op, journal::Step::Replicas),
+                        decided_on_resource_version: Some("21".into()),
+                        result_resource_version: Some("22".into()),
+                        replayed: false,
+                        target: None,
+                    }),
+                },
+                Budget::default(),
+            )
+            .unwrap()
+            .into_journal();
+        fleet.metadata.annotations = Some(
+            [(
+                crate::api::keys::JOURNAL_ANNOTATION.to_string(),
+                journal.document().encode(),
+            )]
+            .into(),
+        );
+        let mut settled = owned_sts("22", 2);
+        settled["metadata"]["annotations"] =
+            serde_json::json!({crate::api::keys::EFFECT_ANNOTATION: format!("{op}/replicas")});
+        (fleet, journal, op, settled)
+    }
+
+    /// Members f-0 and f-1 (UIDs p-0, p-1).
+    fn two_members() -> Vec<serde_json::Value> {
+        (0..2)
+            .map(|i| {
+                let mut p = pod(&format!("f-{i}"));
+                p["metadata"]["uid"] = format!("p-{i}").into();
+                p
+            })
+            .collect()
+    }
+
+    /// When a contraction completes and the fleet asks for fewer members still, the next
+    /// victim's fresh read is sent together with the completing journal write, and the
+    /// planner records that read in the next contraction's `Intent` without reading again
+    /// (docs/design.md "Fresh reads").
+    #[tokio::test]
+    async fn the_next_victim_is_read_with_the_completing_write_and_recorded_from_that_read() {
+        let (mut handle, inner, esc, client) = planning_mock();
+        let ctx = ctx(inner);
+        let (mut closing, journal, _op, settled) = contraction_issued();
+        closing.spec.replicas = 1;
+        let cache = cache_of(settled.clone(), two_members());
+        let mut run = planning_run(&ctx, client, closing.clone(), journal, cache);
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let (req, send) = handle.next_request().await.expect("a request");
+                let path = req.uri().path().to_string();
+                seen.push(format!("{} {path}", req.method()));
+                if path.ends_with("/pods/f-1") {
+                    let mut p = pod("f-1");
+                    p["metadata"]["uid"] = "p-1".into();
+                    send.send_response(answer(p));
+                } else {
+                    let body = http_body_util::BodyExt::collect(req.into_body())
+                        .await
+                        .unwrap()
+                        .to_bytes();
+                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    let mut patched = serde_json::to_value(fleet()).unwrap();
+                    patched["spec"]["replicas"] = 1.into();
+                    patched["metadata"]["resourceVersion"] = "8".into();
+                    patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
+                    send.send_response(answer(patched));
+                }
+            }
+            seen
+        });
+        let report = crate::pass::scope(esc.clone(), drive::drive_open(&mut run))
+            .await
+            .unwrap();
+        assert!(report.message.ends_with("completed"), "{}", report.message);
+        let (name, read) = run.next_victim.clone().expect("the next victim was read");
+        assert_eq!(name, "f-1");
+        assert_eq!(read.and_then(|p| p.metadata.uid).as_deref(), Some("p-1"));
+        let completed = run.journal.clone();
+        drop(run);
+        let mut seen = served(server, "the write and the read").await;
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                "GET /api/v1/namespaces/ns/pods/f-1",
+                "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+            ]
+        );
+
+        // The planner, later in the same pass, records that read: its first request is the
+        // Intent's append, with the victim's UID as read above (the server would answer
+        // another UID now, to tell the two reads apart).
+        let (mut handle, inner, esc, client) = planning_mock();
+        let ctx2 = self::ctx(inner);
+        let mut fleet2 = closing;
+        fleet2.metadata.resource_version = Some("8".into());
+        fleet2.metadata.annotations = Some(
+            [(
+                crate::api::keys::JOURNAL_ANNOTATION.to_string(),
+                completed.document().encode(),
+            )]
+            .into(),
+        );
+        let mut cache = cache_of(settled.clone(), two_members());
+        cache.claims = listed(
+            (0..2)
+                .map(|i| {
+                    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": format!("data-f-{i}"), "namespace": "ns",
+                                     "uid": format!("c-{i}"), "labels": {FLEET_UID_LABEL: "u-1"}}})
+                })
+                .collect(),
+        );
+        let (accounts, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+            serde_json::from_value::<
+                kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::ServiceAccount>,
+            >(
+                serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "celld", "namespace": "ns"}}),
+            )
+            .unwrap(),
+        ));
+        cache.service_accounts = accounts;
+        let (classes, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(
+            serde_json::from_value::<k8s_openapi::api::storage::v1::StorageClass>(
+                serde_json::json!({"metadata": {"name": "standard"},
+                    "provisioner": "ebs.csi.aws.com", "reclaimPolicy": "Delete",
+                    "volumeBindingMode": "WaitForFirstConsumer"}),
+            )
+            .unwrap(),
+        ));
+        cache.storage_classes = classes;
+        fleet2.spec.storage.storage_class_name = Some("standard".into());
+        let mut run = planning_run(&ctx2, client, fleet2, completed, cache);
+        // The StatefulSet as rendered, so the planner sees no template change to make first.
+        let mut current = match drive::rendered_with(&run, &run.fleet.spec, 2, None) {
+            crate::render::Workload::StatefulSet(s) => serde_json::to_value(s).unwrap(),
+            other => panic!("a PersistentFleet renders a StatefulSet: {other:?}"),
+        };
+        current["metadata"] = settled["metadata"].clone();
+        current["status"] = settled["status"].clone();
+        current["status"]["currentRevision"] = "r-1".into();
+        current["status"]["updateRevision"] = "r-1".into();
+        run.cache.as_mut().unwrap().statefulsets = listed(vec![current]);
+        run.next_victim = Some(("f-1".into(), {
+            let mut p: Pod = serde_json::from_value(pod("f-1")).unwrap();
+            p.metadata.uid = Some("p-1".into());
+            Some(p)
+        }));
+        let server = tokio::spawn(async move {
+            let (req, send) = handle.next_request().await.expect("a request");
+            let seen = format!("{} {}", req.method(), req.uri().path());
+            if req.method() != http::Method::PATCH {
+                return seen;
+            }
+            let body = http_body_util::BodyExt::collect(req.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let mut patched = serde_json::to_value(fleet()).unwrap();
+            patched["spec"]["replicas"] = 1.into();
+            patched["metadata"]["resourceVersion"] = "9".into();
+            patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
+            send.send_response(answer(patched));
+            // Whatever comes next (the guard's reads) finds no server.
+            seen
+        });
+        let ended = crate::pass::scope(esc.clone(), drive::plan_and_open(&mut run))
+            .await
+            .map(|r| r.message);
+        let next_victim = run.next_victim.take();
+        let journal = run.journal.clone();
+        drop(run);
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(10), server)
+                .await
+                .unwrap_or_else(|_| panic!("no request; the pass ended with {ended:?}"))
+                .unwrap(),
+            "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+            "no read of the victim before the Intent; the pass ended with {ended:?}"
+        );
+        assert!(next_victim.is_none(), "the read is used once");
+        let intent = journal
+            .fold()
+            .current()
+            .map(|o| o.intent().clone())
+            .expect("the next contraction is open");
+        assert_eq!((intent.from, intent.to), (2, 1));
+        assert_eq!(intent.targets[0].pod, "f-1");
+        assert_eq!(intent.targets[0].pod_uid.as_deref(), Some("p-1"));
     }
 
     /// When the guard's fresh read shows a change the cache did not, a planning pass neither
