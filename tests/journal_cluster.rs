@@ -181,7 +181,7 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
         &api,
         &fleet,
         &journal,
-        vec![entry(op2, EntryBody::Intent(stale_intent))],
+        vec![entry(op2, EntryBody::Intent(stale_intent.clone()))],
         budget,
         Some(&mirror),
         &[],
@@ -194,26 +194,14 @@ async fn appends_are_compare_and_swap_mirrored_and_auditable_with_the_cli() {
     // Entries of one write commit together or not at all: a second Intent for the same
     // operation is illegal, so neither is written, even to a fresh copy.
     let fresh = api.get("gamma").await.unwrap();
-    let illegal = Intent {
-        kind: OperationKind::Restart,
-        from: 4,
-        to: 4,
-        token: Some("t2".into()),
-        image: None,
-        reason: None,
-        deadline: default_deadline(Utc.with_ymd_and_hms(2026, 11, 29, 10, 6, 0).unwrap(), None),
-        targets: vec![],
-        workload_uid: Some("wl".into()),
-        predecessor_effect: journal.predecessor_effect(),
-    };
     let op3 = OperationId::new_v4();
     let result = journal_store::append(
         &api,
         &fresh,
         &journal,
         vec![
-            entry(op3, EntryBody::Intent(illegal.clone())),
-            entry(op3, EntryBody::Intent(illegal)),
+            entry(op3, EntryBody::Intent(stale_intent.clone())),
+            entry(op3, EntryBody::Intent(stale_intent)),
         ],
         budget,
         Some(&mirror),

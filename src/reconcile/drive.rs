@@ -344,7 +344,21 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     // The next contraction's victim is read fresh while this write is in flight (docs/design.md
     // "Fresh reads"): the planner, later in this pass, records that read in its Intent
     // instead of sending it after the write.
-    let next = next_victim(run, &op).map(|name| {
+    let next = match next_victim(run, &op) {
+        // Only when the workload has rolled out: else the planner waits before contracting.
+        Some(name)
+            if run
+                .workload()
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|w| w.rolled_out()) =>
+        {
+            Some(name)
+        }
+        _ => None,
+    };
+    let next = next.map(|name| {
         let pods = Api::<Pod>::namespaced(run.client.clone(), &run.ns);
         async move {
             let read = pods.get_opt(&name).await;
@@ -368,19 +382,18 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
     )))
 }
 
-/// The member the next contraction will remove when `op`, a contraction of a StatefulSet that
-/// is not strict, completes with the fleet still asking for fewer members: the planner opens
-/// that contraction in the same pass, with the StatefulSet's highest remaining ordinal as its
-/// victim. `None` when something else is likely next (a Retire contraction reads its own
+/// The member the next contraction will remove when `op`, an operation of a StatefulSet,
+/// completes with the fleet asking for fewer members than `op` left (a contraction with more
+/// to go, or a growth the user took back while it ran): once the workload has rolled out, the
+/// planner opens that contraction in the same pass, with the StatefulSet's highest ordinal as
+/// its victim. `None` when something else is likely next (a Retire contraction reads its own
 /// targets; a paused fleet plans nothing).
 fn next_victim(run: &Run<'_>, op: &OpenOp) -> Option<String> {
     let spec = &run.fleet.spec;
-    let contraction = op.kind == OperationKind::Scale && op.intent.to < op.intent.from;
     let retire = spec.profile == Profile::PersistentFleet
         && spec.storage.on_scale_in == Some(crate::api::OnScaleIn::Retire);
     let paused = spec.maintenance.as_ref().is_some_and(|m| m.paused);
-    (contraction
-        && uses_statefulset(spec)
+    (uses_statefulset(spec)
         && !retire
         && !paused
         && op.intent.to > 0

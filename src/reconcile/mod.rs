@@ -2224,27 +2224,27 @@ mod pass_reads_tests {
     /// A contraction whose removed member is gone closes with one journal write: `Observed`
     /// and `Completed` in one compare-and-swap on the fleet (docs/design.md "Journal
     /// writes"), decided from the caches with no read; each entry is sealed and chained as if
-    /// appended alone.
+    /// appended alone. The fleet asks for fewer members still, but the StatefulSet has not
+    /// rolled out: the next victim is not read (the planner will wait).
     #[tokio::test]
     async fn a_reached_target_is_observed_and_completed_in_one_write() {
         let (mut handle, inner, esc, client) = planning_mock();
         let ctx = ctx(inner);
-        let (closing, journal, _op, settled) = contraction_issued();
+        let (mut closing, journal, _op, mut settled) = contraction_issued();
+        closing.spec.replicas = 1;
+        settled["status"]["updateRevision"] = "r-2".into();
         let cache = cache_of(settled, two_members());
         let mut run = planning_run(&ctx, client, closing, journal, cache);
         let server = tokio::spawn(async move {
             let (req, send) = handle.next_request().await.expect("a request");
             let seen = format!("{} {}", req.method(), req.uri().path());
-            let body = http_body_util::BodyExt::collect(req.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let mut patched = serde_json::to_value(fleet()).unwrap();
-            patched["metadata"]["resourceVersion"] = "8".into();
-            patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
-            send.send_response(answer(patched));
-            (seen, patch)
+            let patch = answer_append(req, send, 1, "8").await;
+            // Anything else the pass sent, until its client is gone.
+            let mut more = Vec::new();
+            while let Some((req, _)) = handle.next_request().await {
+                more.push(format!("{} {}", req.method(), req.uri().path()));
+            }
+            (seen, patch, more)
         });
         let report = crate::pass::scope(esc.clone(), drive::drive_open(&mut run))
             .await
@@ -2263,7 +2263,8 @@ mod pass_reads_tests {
             [(3, "Observed".to_string()), (4, "Completed".to_string())]
         );
         drop(run);
-        let (seen, patch) = tokio::time::timeout(Duration::from_secs(10), server)
+        drop(ctx);
+        let (seen, patch, more) = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .expect("the mock server finished")
             .unwrap();
@@ -2271,6 +2272,7 @@ mod pass_reads_tests {
             seen,
             "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f"
         );
+        assert!(more.is_empty(), "nothing else is sent: {more:?}");
         assert_eq!(
             patch["metadata"]["resourceVersion"], "7",
             "a compare-and-swap on the fleet as read"
@@ -2283,6 +2285,27 @@ mod pass_reads_tests {
         assert_eq!(written.entries().len(), 4, "both entries in the one write");
         assert!(written.fold().current().is_none());
         assert_eq!(esc.cause(), None, "no escalation");
+    }
+
+    /// Answers a fleet PATCH (a journal append) as the API server would: `fleet()` with
+    /// `replicas`, at resourceVersion `rv`, carrying the patch's annotations. Returns the patch.
+    async fn answer_append(
+        req: Request<Body>,
+        send: mock::SendResponse<Response<Body>>,
+        replicas: i32,
+        rv: &str,
+    ) -> serde_json::Value {
+        let body = http_body_util::BodyExt::collect(req.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let mut patched = serde_json::to_value(fleet()).unwrap();
+        patched["spec"]["replicas"] = replicas.into();
+        patched["metadata"]["resourceVersion"] = rv.into();
+        patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
+        send.send_response(answer(patched));
+        patch
     }
 
     /// The journal of `contracting()` with its Scale 3→2 issued (`Issued` at resourceVersion
@@ -2322,6 +2345,8 @@ mod pass_reads_tests {
         let mut settled = owned_sts("22", 2);
         settled["metadata"]["annotations"] =
             serde_json::json!({crate::api::keys::EFFECT_ANNOTATION: format!("{op}/replicas")});
+        settled["status"]["currentRevision"] = "r-1".into();
+        settled["status"]["updateRevision"] = "r-1".into();
         (fleet, journal, op, settled)
     }
 
@@ -2359,16 +2384,7 @@ mod pass_reads_tests {
                     p["metadata"]["uid"] = "p-1".into();
                     send.send_response(answer(p));
                 } else {
-                    let body = http_body_util::BodyExt::collect(req.into_body())
-                        .await
-                        .unwrap()
-                        .to_bytes();
-                    let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                    let mut patched = serde_json::to_value(fleet()).unwrap();
-                    patched["spec"]["replicas"] = 1.into();
-                    patched["metadata"]["resourceVersion"] = "8".into();
-                    patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
-                    send.send_response(answer(patched));
+                    answer_append(req, send, 1, "8").await;
                 }
             }
             seen
@@ -2446,8 +2462,6 @@ mod pass_reads_tests {
         };
         current["metadata"] = settled["metadata"].clone();
         current["status"] = settled["status"].clone();
-        current["status"]["currentRevision"] = "r-1".into();
-        current["status"]["updateRevision"] = "r-1".into();
         run.cache.as_mut().unwrap().statefulsets = listed(vec![current]);
         run.next_victim = Some(("f-1".into(), {
             let mut p: Pod = serde_json::from_value(pod("f-1")).unwrap();
@@ -2460,16 +2474,7 @@ mod pass_reads_tests {
             if req.method() != http::Method::PATCH {
                 return seen;
             }
-            let body = http_body_util::BodyExt::collect(req.into_body())
-                .await
-                .unwrap()
-                .to_bytes();
-            let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let mut patched = serde_json::to_value(fleet()).unwrap();
-            patched["spec"]["replicas"] = 1.into();
-            patched["metadata"]["resourceVersion"] = "9".into();
-            patched["metadata"]["annotations"] = patch["metadata"]["annotations"].clone();
-            send.send_response(answer(patched));
+            answer_append(req, send, 1, "9").await;
             // Whatever comes next (the guard's reads) finds no server.
             seen
         });
