@@ -1258,7 +1258,7 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 // The StatefulSet removes the highest ordinal: record its identity now.
                 let victim = format!("{}-{}", run.name, to);
                 // Read fresh: sent in this pass, either now or while the journal write that
-                // completed the previous contraction was in flight (`next_victim`).
+                // completed the operation before was in flight (`next_victim`).
                 let pod = match run.next_victim.take() {
                     Some((read, pod)) if read == victim => pod,
                     _ => Api::<Pod>::namespaced(client.clone(), &run.ns)

@@ -242,7 +242,7 @@ pub(crate) struct Run<'a> {
     /// (`crate::pass_reads`); `None` in a cached pass and with `--test-fresh-reads`.
     pub reads: Option<std::sync::Arc<crate::pass_reads::PassReads>>,
     /// The next contraction's victim Pod (name, and the Pod or its absence), read from the
-    /// API server in this pass while the journal write completing the previous contraction
+    /// API server in this pass while the journal write completing the operation before it
     /// was in flight; taken by the planner when it records that member (`drive::next_victim`).
     pub next_victim: Option<(String, Option<k8s_openapi::api::core::v1::Pod>)>,
 }
