@@ -2094,45 +2094,53 @@ mod pass_reads_tests {
                        "availableReplicas": replicas}})
     }
 
+    /// `journal` with `body` of operation `op` appended (in memory), written by leader `test`.
+    fn then(journal: Journal, op: OperationId, body: EntryBody) -> Journal {
+        let leader = Leader {
+            identity: "test".into(),
+            lease_transitions: 0,
+            lease: None,
+        };
+        let entry = NewEntry {
+            at: Utc::now(),
+            op,
+            leader,
+            body,
+        };
+        journal
+            .stage(entry, Budget::default())
+            .unwrap()
+            .into_journal()
+    }
+
     /// The fleet at resourceVersion 7 (spec.replicas 2) whose journal holds one open Intent:
     /// Scale 3→2, victim member f-2 (UID p-2).
     fn contracting() -> (CelldFleet, Journal, OperationId) {
         let op = OperationId::new_v4();
-        let staged = Journal::new("u-1")
-            .stage(
-                NewEntry {
-                    at: Utc::now(),
-                    op,
-                    leader: Leader {
-                        identity: "test".into(),
-                        lease_transitions: 0,
-                        lease: None,
-                    },
-                    body: EntryBody::Intent(journal::Intent {
-                        kind: journal::OperationKind::Scale,
-                        from: 3,
-                        to: 2,
-                        token: None,
-                        image: None,
-                        reason: None,
-                        deadline: Utc::now() + chrono::Duration::minutes(30),
-                        targets: vec![journal::Target {
-                            pod: "f-2".into(),
-                            pod_uid: Some("p-2".into()),
-                            pod_ip: None,
-                            runtime_generation: None,
-                            claim: Some("data-f-2".into()),
-                            claim_uid: None,
-                            claim_resource_version: None,
-                        }],
-                        workload_uid: Some("s-1".into()),
-                        predecessor_effect: None,
-                    }),
-                },
-                Budget::default(),
-            )
-            .unwrap();
-        let journal = staged.into_journal();
+        let journal = then(
+            Journal::new("u-1"),
+            op,
+            EntryBody::Intent(journal::Intent {
+                kind: journal::OperationKind::Scale,
+                from: 3,
+                to: 2,
+                token: None,
+                image: None,
+                reason: None,
+                deadline: Utc::now() + chrono::Duration::minutes(30),
+                targets: vec![journal::Target {
+                    pod: "f-2".into(),
+                    pod_uid: Some("p-2".into()),
+                    pod_ip: None,
+                    runtime_generation: None,
+                    claim: Some("data-f-2".into()),
+                    claim_uid: None,
+                    claim_resource_version: None,
+                }],
+                workload_uid: Some("s-1".into()),
+                predecessor_effect: None,
+            }),
+        );
         let mut f = fleet();
         f.metadata.resource_version = Some("7".into());
         (f, journal, op)
@@ -2312,29 +2320,18 @@ mod pass_reads_tests {
     /// 22), and the StatefulSet at 2 replicas carrying its marker, settled.
     fn contraction_issued() -> (CelldFleet, Journal, OperationId, serde_json::Value) {
         let (mut fleet, journal, op) = contracting();
-        let journal = journal
-            .stage(
-                NewEntry {
-                    at: Utc::now(),
-                    op,
-                    leader: Leader {
-                        identity: "test".into(),
-                        lease_transitions: 0,
-                        lease: None,
-                    },
-                    body: EntryBody::Issued(journal::Issued {
-                        step: journal::Step::Replicas,
-                        effect: journal::Effect::new(op, journal::Step::Replicas),
-                        decided_on_resource_version: Some("21".into()),
-                        result_resource_version: Some("22".into()),
-                        replayed: false,
-                        target: None,
-                    }),
-                },
-                Budget::default(),
-            )
-            .unwrap()
-            .into_journal();
+        let journal = then(
+            journal,
+            op,
+            EntryBody::Issued(journal::Issued {
+                step: journal::Step::Replicas,
+                effect: journal::Effect::new(op, journal::Step::Replicas),
+                decided_on_resource_version: Some("21".into()),
+                result_resource_version: Some("22".into()),
+                replayed: false,
+                target: None,
+            }),
+        );
         fleet.metadata.annotations = Some(
             [(
                 crate::api::keys::JOURNAL_ANNOTATION.to_string(),
