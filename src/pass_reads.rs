@@ -20,7 +20,7 @@
 //! - every answer handed out is a fresh read of this pass, never a cached (watch) copy, and
 //!   no older than the pass's last write to its kind or its last effect;
 //! - the read of a write's own target right before the write (the guarded write's re-read:
-//!   `Run::reread_workload`, `Run::reread_claim_at`, direct `Api` reads in the write
+//!   `Run::reread_workload`, `Run::reread`, `drive::GuardReads`, direct `Api` reads in the write
 //!   paths) always goes to the API server, and every write still carries its precondition;
 //! - a cached pass reads its stores as before, and `--test-fresh-reads` keeps no record
 //!   (the design before the caches, for the benchmark's side-by-side figures).

@@ -711,18 +711,21 @@ async fn issue(run: &mut Run<'_>, op: &OpenOp) -> Result<Report, Error> {
     // reads below go to the API server (the pass's client sends reads as they are).
     let _decision = run.decide(op.kind, super::strict::is_strict(&op.intent))?;
     let client = run.client.clone();
-    let sts = uses_statefulset(&run.fleet.spec);
     let step = step_of(op.kind);
     let effect = Effect::new(op.id, step.clone());
     let marker = effect.to_string();
-    // The guard's fresh reads, the workload, (a contraction) the recorded victim and (a
-    // growth of a PersistentFleet) the claims at the new members' names, are sent together:
-    // none depends on another's answer, and this is a reacting reconcile's path to its write.
-    let (live, victim, claims) = futures::join!(
-        workload::get(&client, &run.ns, &run.name, sts),
-        victim_unchanged(run, op),
-        new_members_claims_ok(run, op)
-    );
+    // The guard's fresh reads: sent while this operation's `Intent` append was in flight
+    // when this pass appended it, else now.
+    let reads = match run.guard_reads.take().filter(|r| r.op == op.id) {
+        Some(reads) => reads,
+        None => guard_reads(run, op.id, &op.intent).await,
+    };
+    let GuardReads {
+        live,
+        victim,
+        claims,
+        ..
+    } = reads;
     let live = live.ctx(|| "reading the workload".into())?;
 
     if let Some(live) = &live {
@@ -929,21 +932,81 @@ fn issued(
     })
 }
 
-/// Growth (and Provision) of a PersistentFleet attaches whatever claim exists at each new
-/// member's name: re-read them just before the write, as the planner did when it decided
-/// (a foreign claim created between the Intent and a crash must never be attached).
-async fn new_members_claims_ok(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
-    let growth = matches!(op.kind, OperationKind::Provision | OperationKind::Scale)
-        && op.intent.to > op.intent.from;
-    if !growth || run.fleet.spec.profile != Profile::PersistentFleet {
-        return Ok(Ok(()));
+/// The fresh reads that guard an operation's workload write (docs/design.md "The guarded
+/// write"), made once its `Intent` is decided: the workload (its marker, replicas and
+/// resourceVersion, which the write carries), a contraction's recorded victim, and for a growth
+/// (or Provision) of a PersistentFleet the claims at the new members' names. None depends on
+/// another's answer, so they are sent together.
+pub(crate) struct GuardReads {
+    /// The operation they were read for.
+    op: OperationId,
+    live: Result<Option<LiveWorkload>, kube::Error>,
+    victim: Result<Result<(), String>, Error>,
+    claims: Result<Result<(), String>, Error>,
+}
+
+/// [`GuardReads`] for operation `op` with `intent`, holding nothing of `run`: the planner
+/// sends them while the `Intent`'s append (which holds the run) is in flight, and the
+/// guarded write uses them only once that append has committed (docs/design.md "Fresh
+/// reads").
+fn guard_reads(
+    run: &Run<'_>,
+    op: OperationId,
+    intent: &Intent,
+) -> impl std::future::Future<Output = GuardReads> + Send + 'static {
+    let client = run.client.clone();
+    let cache = run.cache.clone();
+    let ns = run.ns.clone();
+    let name = run.name.clone();
+    let uid = run.uid.clone();
+    let sts = uses_statefulset(&run.fleet.spec);
+    // Growth (and Provision) of a PersistentFleet attaches whatever claim exists at each new
+    // member's name: they are re-read just before the write, as the planner read them when
+    // it decided (a foreign claim created between the Intent and a crash must never be
+    // attached).
+    let growth = matches!(intent.kind, OperationKind::Provision | OperationKind::Scale)
+        && intent.to > intent.from;
+    let new_members = if growth && run.fleet.spec.profile == Profile::PersistentFleet {
+        intent.from.max(0)..intent.to
+    } else {
+        0..0
+    };
+    let victim = intent.targets.first().cloned();
+    async move {
+        let (live, victim, claims) = futures::join!(
+            workload::get(&client, &ns, &name, sts),
+            victim_unchanged(&client, &ns, victim.as_ref()),
+            new_members_claims_ok(cache.as_ref(), &client, &ns, &name, &uid, new_members)
+        );
+        GuardReads {
+            op,
+            live,
+            victim,
+            claims,
+        }
     }
-    for i in op.intent.from.max(0)..op.intent.to {
-        let name = claim_name(&run.name, i);
-        let Some(claim) = run.reread_claim_at(i).await? else {
+}
+
+/// The claims at the new members' names (ordinals `new_members`) may be attached: each is
+/// absent, or this fleet's and not being deleted.
+async fn new_members_claims_ok(
+    cache: Option<&crate::watches::NsCache>,
+    client: &kube::Client,
+    ns: &str,
+    fleet: &str,
+    uid: &str,
+    new_members: std::ops::Range<i32>,
+) -> Result<Result<(), String>, Error> {
+    for i in new_members {
+        let name = claim_name(fleet, i);
+        let Some(claim) = super::reread::<k8s_openapi::api::core::v1::PersistentVolumeClaim>(
+            cache, client, ns, &name,
+        )
+        .await?
+        else {
             continue;
         };
-        if claim.labels().get(FLEET_UID_LABEL).map(String::as_str) != Some(run.uid.as_str()) {
+        if claim.labels().get(FLEET_UID_LABEL).map(String::as_str) != Some(uid) {
             return Ok(Err(format!(
                 "claim {name} exists without this fleet's UID label"
             )));
@@ -956,11 +1019,15 @@ async fn new_members_claims_ok(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), 
 }
 
 /// A contraction's recorded victim must still be the same Pod (fresh read).
-async fn victim_unchanged(run: &Run<'_>, op: &OpenOp) -> Result<Result<(), String>, Error> {
-    let Some(target) = op.intent.targets.first() else {
+async fn victim_unchanged(
+    client: &kube::Client,
+    ns: &str,
+    target: Option<&Target>,
+) -> Result<Result<(), String>, Error> {
+    let Some(target) = target else {
         return Ok(Ok(()));
     };
-    let pod = Api::<Pod>::namespaced(run.client.clone(), &run.ns)
+    let pod = Api::<Pod>::namespaced(client.clone(), ns)
         .get_opt(&target.pod)
         .await
         .ctx(|| format!("reading member {}", target.pod))?;
@@ -1324,7 +1391,19 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
                 workload_uid: live.as_ref().and_then(|w| w.meta().uid.clone()),
                 predecessor_effect: run.journal.predecessor_effect(),
             };
-            run.append(id, EntryBody::Intent(intent)).await?;
+            // The guarded write's fresh reads go out while the `Intent` is being written:
+            // none is used before it has committed (docs/design.md "Fresh reads"). A strict
+            // operation's steps read their own targets.
+            let reads = (!strict).then(|| guard_reads(run, id, &intent));
+            let (appended, reads) =
+                futures::join!(run.append(id, EntryBody::Intent(intent)), async move {
+                    match reads {
+                        Some(reads) => Some(reads.await),
+                        None => None,
+                    }
+                });
+            appended?;
+            run.guard_reads = reads;
             failpoint::reach("after-intent");
             Box::pin(drive_open(run)).await
         }

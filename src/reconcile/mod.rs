@@ -245,6 +245,9 @@ pub(crate) struct Run<'a> {
     /// API server in this pass while the journal write completing the operation before it
     /// was in flight; taken by the planner when it records that member (`drive::next_victim`).
     pub next_victim: Option<(String, Option<k8s_openapi::api::core::v1::Pod>)>,
+    /// The guard's fresh reads for the operation whose `Intent` this pass just appended,
+    /// sent while that append was in flight; taken by its guarded write (`drive::issue`).
+    pub guard_reads: Option<drive::GuardReads>,
 }
 
 impl Run<'_> {
@@ -377,17 +380,7 @@ impl Run<'_> {
     /// of its own target, never answered from the pass's earlier reads (in a cached pass,
     /// from the cache when it holds it, as [`Run::get_opt`]: a cached pass writes nothing).
     pub async fn reread<K: crate::watches::Cached>(&self, name: &str) -> Result<Option<K>, Error> {
-        // Inside a planning pass's decision the re-read guards that pass's own write: it
-        // goes to the API server.
-        if let Some(cache) = self.cache.as_ref().filter(|_| !guarding()) {
-            if let Some(obj) = K::store(cache).get(name) {
-                return Ok(Some(obj));
-            }
-        }
-        Api::<K>::namespaced(self.client.clone(), &self.ns)
-            .get_opt(name)
-            .await
-            .ctx(|| format!("reading {} {name}", K::kind(&())))
+        reread(self.cache.as_ref(), &self.client, &self.ns, name).await
     }
 
     /// Whether ServiceAccount `name` exists in the fleet's namespace: from the cache in a
@@ -890,15 +883,6 @@ impl Run<'_> {
             .await
     }
 
-    /// The claim at member `ordinal`'s name as the API server holds it now ([`Run::reread`]).
-    pub async fn reread_claim_at(
-        &self,
-        ordinal: i32,
-    ) -> Result<Option<PersistentVolumeClaim>, Error> {
-        self.reread(&crate::render::claim_name(&self.name, ordinal))
-            .await
-    }
-
     /// Pods with the fleet label ([`Run::labelled`]).
     pub async fn pods(&self) -> Result<Vec<Pod>, Error> {
         let pods: Vec<Pod> = self.labelled().await?;
@@ -952,6 +936,27 @@ impl Run<'_> {
 /// guard its own write, or that a decision is made from fresh, go to the API server.
 fn guarding() -> bool {
     crate::pass::cached().is_some_and(|e| e.deciding())
+}
+
+/// [`Run::reread`] from its parts: for a read sent while the pass's run is held by its
+/// journal append ([`drive::GuardReads`]).
+pub(crate) async fn reread<K: crate::watches::Cached>(
+    cache: Option<&crate::watches::NsCache>,
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<K>, Error> {
+    // Inside a planning pass's decision the re-read guards that pass's own write: it
+    // goes to the API server.
+    if let Some(cache) = cache.filter(|_| !guarding()) {
+        if let Some(obj) = K::store(cache).get(name) {
+            return Ok(Some(obj));
+        }
+    }
+    Api::<K>::namespaced(client.clone(), ns)
+        .get_opt(name)
+        .await
+        .ctx(|| format!("reading {} {name}", K::kind(&())))
 }
 
 /// The key of a labelled list in a pass's reads.
@@ -1165,6 +1170,7 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
         reads: pass.reads,
         stores: pass.stores,
         next_victim: None,
+        guard_reads: None,
     };
     if !run.journal_unusable {
         run.ensure_mirrored().await?;
@@ -1586,6 +1592,7 @@ mod pass_reads_tests {
             reads,
             stores: None,
             next_victim: None,
+            guard_reads: None,
         }
     }
 
@@ -2459,45 +2466,121 @@ mod pass_reads_tests {
         };
         current["metadata"] = settled["metadata"].clone();
         current["status"] = settled["status"].clone();
-        run.cache.as_mut().unwrap().statefulsets = listed(vec![current]);
+        run.cache.as_mut().unwrap().statefulsets = listed(vec![current.clone()]);
         run.next_victim = Some(("f-1".into(), {
             let mut p: Pod = serde_json::from_value(pod("f-1")).unwrap();
             p.metadata.uid = Some("p-1".into());
             Some(p)
         }));
+        // The server answers the Intent's append only once the guard's two reads have come
+        // too: the pass waits for it, so they can only have been sent while it was in flight.
+        // A read of the victim before the Intent (the kept read unused), or guard reads sent
+        // only after the append's answer, leave both sides waiting: the pass times out.
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = seen.clone();
+        let answered = current.clone();
         let server = tokio::spawn(async move {
-            let (req, send) = handle.next_request().await.expect("a request");
-            let seen = format!("{} {}", req.method(), req.uri().path());
-            if req.method() != http::Method::PATCH {
-                return seen;
+            let note = |req: &Request<Body>| {
+                log.lock()
+                    .unwrap()
+                    .push(format!("{} {}", req.method(), req.uri().path()));
+            };
+            let (mut append, mut workload, mut victim) = (None, None, None);
+            while append.is_none() || workload.is_none() || victim.is_none() {
+                let (req, send) = handle.next_request().await.expect("a request");
+                note(&req);
+                let path = req.uri().path().to_string();
+                if req.method() == http::Method::PATCH {
+                    append = Some((req, send));
+                } else if path.ends_with("/statefulsets/f") {
+                    workload = Some(send);
+                } else if path.ends_with("/pods/f-1") {
+                    victim = Some(send);
+                } else {
+                    panic!("unexpected {} {path}", req.method());
+                }
             }
+            let (req, send) = append.unwrap();
             answer_append(req, send, 1, "9").await;
-            // Whatever comes next (the guard's reads) finds no server.
-            seen
+            workload.unwrap().send_response(answer(answered));
+            let mut p = pod("f-1");
+            p["metadata"]["uid"] = "p-1".into();
+            victim.unwrap().send_response(answer(p));
+            // The guarded write, then its `Issued`.
+            let (req, send) = handle.next_request().await.expect("the write");
+            note(&req);
+            let body = http_body_util::BodyExt::collect(req.into_body())
+                .await
+                .unwrap()
+                .to_bytes();
+            let mut written: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            written["metadata"]["resourceVersion"] = "23".into();
+            send.send_response(answer(written.clone()));
+            let (req, send) = handle.next_request().await.expect("the Issued append");
+            note(&req);
+            answer_append(req, send, 1, "10").await;
+            written
         });
-        let ended = crate::pass::scope(esc.clone(), drive::plan_and_open(&mut run))
-            .await
-            .map(|r| r.message);
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            crate::pass::scope(esc.clone(), drive::plan_and_open(&mut run)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the pass waited (requests so far: {:?}): the guard's reads were not sent \
+                 with the Intent, or the victim was read again before it",
+                seen.lock().unwrap()
+            )
+        })
+        .map(|r| r.message);
         let next_victim = run.next_victim.take();
+        let guard_reads = run.guard_reads.take();
         let journal = run.journal.clone();
         drop(run);
+        let written = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap_or_else(|_| panic!("the server still waits; the pass ended with {ended:?}"))
+            .unwrap();
+        assert!(ended.is_ok(), "{ended:?}");
+        let seen = seen.lock().unwrap().clone();
+        let (together, after) = seen.split_at(3);
+        let mut together = together.to_vec();
+        together.sort();
         assert_eq!(
-            tokio::time::timeout(Duration::from_secs(10), server)
-                .await
-                .unwrap_or_else(|_| panic!("no request; the pass ended with {ended:?}"))
-                .unwrap(),
-            "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
-            "no read of the victim before the Intent; the pass ended with {ended:?}"
+            together,
+            [
+                "GET /api/v1/namespaces/ns/pods/f-1",
+                "GET /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+            ],
+            "the Intent's append and the guard's reads, together"
+        );
+        assert_eq!(
+            after,
+            [
+                "PUT /apis/apps/v1/namespaces/ns/statefulsets/f",
+                "PATCH /apis/celld.eric.dev/v1alpha1/namespaces/ns/celldfleets/f",
+            ],
+            "then the write and its Issued"
         );
         assert!(next_victim.is_none(), "the read is used once");
-        let intent = journal
+        assert!(guard_reads.is_none(), "the guard's reads are used once");
+        let open = journal
             .fold()
             .current()
-            .map(|o| o.intent().clone())
+            .cloned()
             .expect("the next contraction is open");
+        assert!(open.issued_anything(), "and issued");
+        let intent = open.intent().clone();
         assert_eq!((intent.from, intent.to), (2, 1));
         assert_eq!(intent.targets[0].pod, "f-1");
         assert_eq!(intent.targets[0].pod_uid.as_deref(), Some("p-1"));
+        assert_eq!(written["spec"]["replicas"], 1);
+        assert_eq!(
+            written["metadata"]["annotations"][crate::api::keys::EFFECT_ANNOTATION],
+            format!("{}/replicas", open.id())
+        );
     }
 
     /// When the guard's fresh read shows a change the cache did not, a planning pass neither
