@@ -194,10 +194,14 @@ async fn reconcile_fleet(
     let _enter = span.enter();
     ctx.check_lease();
     let started = std::time::Instant::now();
+    let waited = ctx.triggers.start(&format!("{ns}/{name}"));
     // A cached copy that does not decode (not expected) leaves the reconcile to fresh reads.
     let cached = fleet.fleet();
-    let (result, pass) =
-        crate::reaction::scope(reconcile::reconcile(&ns, &name, &ctx, cached.as_ref())).await;
+    let (result, pass) = crate::reaction::scope(
+        waited,
+        reconcile::reconcile(&ns, &name, &ctx, cached.as_ref()),
+    )
+    .await;
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
@@ -500,6 +504,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         reconciled: Default::default(),
         own_writes: Default::default(),
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
+        triggers: Default::default(),
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
         cache_planning: !args.test_no_cache_planning,
@@ -561,11 +566,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 Some(ns) => Api::namespaced(client.clone(), &ns),
                 None => Api::all(client.clone()),
             };
+            // Each trigger's arrival is noted for `celld_operator_reaction_wait_seconds`.
+            let arrivals = ctx.clone();
             let fleets = kube::runtime::watcher(fleets, crate::watches::watch_config())
                 .default_backoff()
                 .reflect(writer)
-                .applied_objects();
-            let trigger = trigger.map(|r| {
+                .applied_objects()
+                .inspect(move |f| {
+                    if let Ok(f) = f {
+                        let ns = f.namespace().unwrap_or_default();
+                        arrivals.triggers.arrived(&format!("{ns}/{}", f.name_any()));
+                    }
+                });
+            let arrivals = ctx.clone();
+            let trigger = trigger.map(move |r| {
+                arrivals.triggers.arrived(&format!(
+                    "{}/{}",
+                    r.namespace.as_deref().unwrap_or_default(),
+                    r.name
+                ));
                 let key = kube::runtime::reflector::ObjectRef::<CompactFleet>::new(&r.name);
                 match r.namespace {
                     Some(ns) => key.within(&ns),

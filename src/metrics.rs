@@ -127,6 +127,9 @@ pub struct Metrics {
     pub reconcile_duration: Histogram,
     /// A reconcile's start → its guarded workload write answered (`crate::reaction`).
     pub reaction_pass: Histogram,
+    /// The fleet's earliest pending trigger → the start of the reconcile that wrote
+    /// (`crate::reaction`).
+    pub reaction_wait: Histogram,
     /// Requests the reconcile sent up to and including its guarded workload write.
     pub reaction_requests: Histogram,
     /// Events queued and not yet sent (`crate::events`).
@@ -202,6 +205,8 @@ impl Metrics {
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
             // 1 ms … 16 s.
             reaction_pass: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            // 1 ms … 16 s.
+            reaction_wait: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             // 1 … 16 requests.
             reaction_requests: Histogram::new(
                 prometheus_client::metrics::histogram::linear_buckets(1.0, 1.0, 16),
@@ -336,6 +341,11 @@ impl Metrics {
             "celld_operator_reaction_pass_seconds",
             "start of the reconcile that carried out a guarded workload write → that write answered (its prerequisite reads, journal appends, Events, guard reads and the write), seconds",
             m.reaction_pass.clone(),
+        );
+        r.register(
+            "celld_operator_reaction_wait_seconds",
+            "the reconcile that carried out a guarded workload write: its fleet's earliest watch event (fleet, workload, Pod, claim) not yet served by a started reconcile → that reconcile's start (a reconcile slot, the fleet's previous reconcile), seconds; reconciles started by a requeue alone are not observed",
+            m.reaction_wait.clone(),
         );
         r.register(
             "celld_operator_reaction_pass_requests",

@@ -4,14 +4,22 @@
 //! (the prerequisite reads, the journal appends, the guard's fresh reads) and the write itself;
 //! and how many requests that was (`celld_operator_reaction_pass_requests`, the write
 //! included). The benchmark times reactions from outside (a member settled → the next
-//! write); this is the part of that time spent in the reconcile that wrote, as opposed to
-//! waiting for the watch event and a reconcile slot.
+//! write); this is the part of that time spent in the reconcile that wrote.
 //!
-//! A pass that took [`SLOW`] or longer to its write is logged (info, "slow reaction pass")
-//! with each of its requests: when it was sent (ms after the pass started), how long its
-//! answer took, and what it was; the time in none of them is the reconcile's own work and
-//! waiting for the CPU.
+//! The time before it is timed too (`celld_operator_reaction_wait_seconds`): from the
+//! fleet's earliest trigger that no started reconcile had served yet (a watch event of the
+//! fleet, its workload, its Pods or claims, as it reached the operator, see [`Triggers`]) to
+//! the start of the reconcile that wrote: waiting for a reconcile slot, or for the fleet's
+//! previous reconcile to end. A reconcile started only by a requeue has no such trigger and is
+//! not observed there. What neither times is the watch event's way from the API server to the
+//! operator.
+//!
+//! A pass that took [`SLOW`] or longer to its write, or waited that long to start, is logged
+//! (info, "slow reaction pass") with how long it waited (`waited_ms`) and each of its
+//! requests: when it was sent (ms after the pass started), how long its answer took, and what
+//! it was; the time in none of them is the reconcile's own work and waiting for the CPU.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,8 +30,33 @@ pub const SLOW: Duration = Duration::from_millis(250);
 /// Requests of one pass kept for the slow-pass log (the rest are only counted).
 const KEPT: usize = 32;
 
+/// Per fleet (`ns/name`), when its earliest trigger not yet served by a started reconcile
+/// reached the operator. Triggers that arrive while one is pending (kube-runtime runs one
+/// reconcile for them all) keep the earliest time; a reconcile's start takes it.
+#[derive(Debug, Default)]
+pub struct Triggers(Mutex<HashMap<String, Instant>>);
+
+impl Triggers {
+    /// A watch event that triggers fleet `key`'s reconcile arrived now.
+    pub fn arrived(&self, key: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            if !m.contains_key(key) {
+                m.insert(key.to_string(), Instant::now());
+            }
+        }
+    }
+
+    /// Fleet `key`'s reconcile starts: how long its earliest pending trigger has waited
+    /// (`None`: no trigger pending, e.g. a requeue).
+    pub fn start(&self, key: &str) -> Option<Duration> {
+        self.0.lock().ok()?.remove(key).map(|t| t.elapsed())
+    }
+}
+
 struct Pass {
     started: Instant,
+    /// Its fleet's earliest pending trigger → this reconcile's start.
+    waited: Option<Duration>,
     requests: AtomicU32,
     /// `(sent at, took, verb resource)` of each answered request, in the order answered.
     log: Mutex<Vec<(Duration, Duration, String)>>,
@@ -33,11 +66,13 @@ tokio::task_local! {
     static PASS: Pass;
 }
 
-/// Runs reconcile `fut`, started now.
-pub async fn scope<F: std::future::Future>(fut: F) -> F::Output {
+/// Runs reconcile `fut`, started now, `waited` after its earliest pending trigger
+/// ([`Triggers::start`]).
+pub async fn scope<F: std::future::Future>(waited: Option<Duration>, fut: F) -> F::Output {
     PASS.scope(
         Pass {
             started: Instant::now(),
+            waited,
             requests: AtomicU32::new(0),
             log: Mutex::new(Vec::new()),
         },
@@ -73,20 +108,24 @@ pub fn answered(at: Option<Instant>, what: &crate::transport::RequestInfo) {
     });
 }
 
-/// A guarded workload write was answered: observes the time since its reconcile started
-/// and the requests it sent so far, and logs a [`SLOW`] pass (outside a reconcile's
-/// [`scope`], nothing).
+/// A guarded workload write was answered: observes the time since its reconcile started,
+/// how long the reconcile waited to start, and the requests it sent so far, and logs a
+/// [`SLOW`] pass (outside a reconcile's [`scope`], nothing).
 pub fn wrote(metrics: &crate::metrics::Metrics, fleet: &str) {
     let _ = PASS.try_with(|p| {
         let elapsed = p.started.elapsed();
         let requests = p.requests.load(Ordering::Relaxed);
         metrics.reaction_pass.observe(elapsed.as_secs_f64());
         metrics.reaction_requests.observe(f64::from(requests));
-        if elapsed >= SLOW {
+        if let Some(waited) = p.waited {
+            metrics.reaction_wait.observe(waited.as_secs_f64());
+        }
+        if elapsed >= SLOW || p.waited.is_some_and(|w| w >= SLOW) {
             let log = p.log.lock().map(|l| l.clone()).unwrap_or_default();
             tracing::info!(
                 fleet,
                 ms = elapsed.as_millis() as u64,
+                waited_ms = p.waited.map(|w| w.as_millis() as u64),
                 requests,
                 outside_requests_ms = outside(&log, elapsed).as_millis() as u64,
                 sent = %render(&log),
@@ -134,7 +173,7 @@ mod tests {
         wrote(&metrics, "ns/f");
         assert_eq!(metrics.reaction_pass_count(), 0, "outside a reconcile");
         sent();
-        scope(async {
+        scope(Some(Duration::from_millis(40)), async {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             sent();
             sent();
@@ -142,22 +181,63 @@ mod tests {
             wrote(&metrics, "ns/f")
         })
         .await;
-        assert_eq!(metrics.reaction_pass_count(), 1);
+        // A reconcile without a pending trigger (a requeue): its pass is timed, no wait.
+        scope(None, async { wrote(&metrics, "ns/g") }).await;
+        assert_eq!(metrics.reaction_pass_count(), 2);
         let text = metrics.encode();
-        // The 20 ms slept before the write are counted (at least that long, so not in the
-        // 16 ms bucket; no upper bound is asserted: a loaded machine may take longer).
+        // The wait is observed once, as given: 40 ms, in the 64 ms bucket and not the 32.
+        for (line, want) in [
+            ("celld_operator_reaction_wait_seconds_count ", "1"),
+            ("celld_operator_reaction_wait_seconds_sum ", "0.04"),
+            (
+                "celld_operator_reaction_wait_seconds_bucket{le=\"0.032\"} ",
+                "0",
+            ),
+            (
+                "celld_operator_reaction_wait_seconds_bucket{le=\"0.064\"} ",
+                "1",
+            ),
+        ] {
+            assert!(text.contains(&format!("{line}{want}\n")), "{line}: {text}");
+        }
+        // The 20 ms slept before the first write are counted (at least that long, so not in
+        // the 16 ms bucket, which holds at most the second pass; no upper bound is asserted:
+        // a loaded machine may take longer).
+        let within_16ms: u64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("celld_operator_reaction_pass_seconds_bucket{le=\"0.016\"} ")
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the 16 ms bucket");
+        assert!(within_16ms <= 1, "{text}");
         assert!(
-            text.contains("celld_operator_reaction_pass_seconds_bucket{le=\"0.016\"} 0"),
+            text.contains("celld_operator_reaction_pass_seconds_bucket{le=\"+Inf\"} 2"),
             "{text}"
         );
-        assert!(
-            text.contains("celld_operator_reaction_pass_seconds_bucket{le=\"+Inf\"} 1"),
-            "{text}"
-        );
-        // Three requests inside the scope; the one sent outside it is not counted.
+        // Three requests inside the first scope; the one sent outside it is not counted.
         assert!(
             text.contains("celld_operator_reaction_pass_requests_sum 3.0"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_reconcile_start_takes_its_fleets_earliest_pending_trigger() {
+        let t = Triggers::default();
+        assert_eq!(t.start("ns/f"), None, "nothing arrived");
+        t.arrived("ns/f");
+        std::thread::sleep(Duration::from_millis(30));
+        // A later trigger of the same fleet, while the first is pending, keeps the first.
+        t.arrived("ns/f");
+        t.arrived("ns/g");
+        let waited = t.start("ns/f").expect("pending");
+        assert!(waited >= Duration::from_millis(30), "{waited:?}");
+        // Taken: the next reconcile of f waits only for triggers after this start.
+        assert_eq!(t.start("ns/f"), None);
+        assert!(
+            t.start("ns/g").is_some_and(|w| w < waited),
+            "g arrived later"
         );
     }
 

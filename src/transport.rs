@@ -603,7 +603,7 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        crate::reaction::scope(async {
+        crate::reaction::scope(None, async {
             assert!(sts.get_opt("f").await.unwrap().is_none());
             assert!(sts.get_opt("g").await.unwrap().is_none());
             crate::reaction::wrote(&metrics, "ns/f");

@@ -241,6 +241,23 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
         "{text}"
     );
     assert!(text.contains("celld_operator_leader 1"), "{text}");
+    // A reacting reconcile is timed from the watch event that triggered it (src/reaction.rs):
+    // the growth's write at least, triggered by the fleet's own event; never more often than
+    // the writes themselves are timed.
+    let count = |family: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{family}_count ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let (waits, passes) = (
+        count("celld_operator_reaction_wait_seconds"),
+        count("celld_operator_reaction_pass_seconds"),
+    );
+    assert!(
+        (1..=passes).contains(&waits),
+        "{waits} waits, {passes} passes:\n{text}"
+    );
     // Every metric the chart's alerts use is exported, and the per-fleet ones have a sample
     // for this fleet (an alert on a family nobody exports never fires: it happened).
     let rules = include_str!("../helm/celld-operator/templates/metrics.yaml");

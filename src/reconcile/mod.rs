@@ -100,6 +100,9 @@ pub struct Ctx {
     /// When each fleet's status was last written: progress-only changes wait for the rest of
     /// `--status-progress-interval` ([`crate::status_pace`]).
     pub status_pace: crate::status_pace::StatusPace,
+    /// Per fleet, when its earliest trigger not yet served by a started reconcile arrived
+    /// (`celld_operator_reaction_wait_seconds`).
+    pub triggers: crate::reaction::Triggers,
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
     pub prefetch: bool,
@@ -1551,6 +1554,7 @@ mod pass_reads_tests {
             reconciled: Default::default(),
             own_writes: Default::default(),
             status_pace: Default::default(),
+            triggers: Default::default(),
             prefetch: true,
             forget_all_on_write: false,
             cache_planning: true,

@@ -484,10 +484,22 @@ fn reaction_text(o: &mut String, title: &str, r: &Reaction) {
         r.active_at_once_mean
     );
     for (part, [n, mean, p50, p90, p99]) in &r.reaction_ms_by_part {
+        let (what, requests) = match part.as_str() {
+            crate::scrape::TRIGGER_TO_PASS => (
+                "the fleet's earliest pending watch event → the start of the reconcile that wrote",
+                String::new(),
+            ),
+            _ => (
+                "the reconcile that wrote, its start → the write",
+                format!(
+                    "; requests it sent up to the write, mean {}",
+                    opt(r.reaction_requests_mean)
+                ),
+            ),
+        };
         let _ = writeln!(
             o,
-            "{pad}  operator's reaction, {part} (the reconcile that wrote, its start → the write): n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds); requests it sent up to the write, mean {}",
-            opt(r.reaction_requests_mean)
+            "{pad}  operator's reaction, {part} ({what}): n {n:.0}, mean {mean:.1} ms, p50/p90/p99 ≤ {p50}/{p90}/{p99} ms (bucket bounds){requests}",
         );
     }
     let _ = writeln!(

@@ -447,8 +447,10 @@ pub struct Reaction {
     pub request_ms_by_verb: BTreeMap<String, f64>,
     /// The operator's own timing of its guarded workload writes meanwhile: the reconcile that
     /// wrote, from its start to the write (`celld_operator_reaction_pass_seconds`, part
-    /// `pass_to_write`: `[n, mean ms, p50, p90, p99]`, quantiles as bucket upper bounds;
-    /// empty when not exported).
+    /// `pass_to_write`), and before it, from the fleet's earliest pending watch event to that
+    /// reconcile's start (`celld_operator_reaction_wait_seconds`, part `trigger_to_pass`;
+    /// passes started by a requeue alone are not in it): `[n, mean ms, p50, p90, p99]`,
+    /// quantiles as bucket upper bounds; empty when not exported.
     pub reaction_ms_by_part: BTreeMap<String, [f64; 5]>,
     /// Requests that reconcile sent up to and including the write, on average
     /// (`celld_operator_reaction_pass_requests`; `None` when not exported).

@@ -22,6 +22,11 @@ pub const BACKGROUND_RESOURCES: [&str; 1] = ["leases"];
 /// wrote, from its start to its guarded workload write.
 pub const PASS_TO_WRITE: &str = "pass_to_write";
 
+/// The part `celld_operator_reaction_wait_seconds` times: the fleet's earliest pending
+/// trigger (a watch event, as it reached the operator) → the start of the reconcile that
+/// wrote.
+pub const TRIGGER_TO_PASS: &str = "trigger_to_pass";
+
 /// `(verb, resource)` → count.
 pub type Requests = BTreeMap<(String, String), f64>;
 
@@ -50,7 +55,8 @@ pub struct Snapshot {
     pub request_seconds: BTreeMap<String, f64>,
     /// The same histogram's `_count` by verb.
     pub requests_timed: BTreeMap<String, f64>,
-    /// `celld_operator_reaction_pass_seconds` by `(part, le)` (the part is `pass_to_write`):
+    /// `celld_operator_reaction_pass_seconds` (part `pass_to_write`) and
+    /// `celld_operator_reaction_wait_seconds` (part `trigger_to_pass`) by `(part, le)`:
     /// cumulative bucket counts, with `le = "sum"` and `"count"` for the sum and the count
     /// (empty when not exported).
     pub reaction: BTreeMap<(String, String), f64>,
@@ -434,11 +440,20 @@ pub fn parse(text: &str) -> Snapshot {
                     .insert((PASS_TO_WRITE.into(), "count".into()), value);
             }
             "celld_operator_reaction_pass_seconds_bucket" => {
-                let le = match label("le").as_str() {
-                    "+Inf" => "inf".to_string(),
-                    le => le.to_string(),
-                };
-                s.reaction.insert((PASS_TO_WRITE.into(), le), value);
+                s.reaction
+                    .insert((PASS_TO_WRITE.into(), bucket(&label("le"))), value);
+            }
+            "celld_operator_reaction_wait_seconds_sum" => {
+                s.reaction
+                    .insert((TRIGGER_TO_PASS.into(), "sum".into()), value);
+            }
+            "celld_operator_reaction_wait_seconds_count" => {
+                s.reaction
+                    .insert((TRIGGER_TO_PASS.into(), "count".into()), value);
+            }
+            "celld_operator_reaction_wait_seconds_bucket" => {
+                s.reaction
+                    .insert((TRIGGER_TO_PASS.into(), bucket(&label("le"))), value);
             }
             "celld_operator_reaction_pass_requests_sum" => {
                 s.reaction_requests.insert("sum".into(), value);
@@ -489,6 +504,14 @@ pub fn parse(text: &str) -> Snapshot {
 }
 
 /// A metric family's name without the counter suffix `_total`.
+/// A histogram bucket's `le` as the bench keys it (`+Inf` as `inf`).
+fn bucket(le: &str) -> String {
+    match le {
+        "+Inf" => "inf".to_string(),
+        le => le.to_string(),
+    }
+}
+
 fn family(name: &str) -> &str {
     name.strip_suffix("_total").unwrap_or(name)
 }
@@ -544,16 +567,24 @@ mod tests {
              celld_operator_reaction_pass_seconds_count 10\n\
              celld_operator_reaction_pass_requests_bucket{le=\"1.0\"} 0\n\
              celld_operator_reaction_pass_requests_sum 65.0\n\
-             celld_operator_reaction_pass_requests_count 10\n",
+             celld_operator_reaction_pass_requests_count 10\n\
+             celld_operator_reaction_wait_seconds_bucket{le=\"0.001\"} 2\n\
+             celld_operator_reaction_wait_seconds_bucket{le=\"0.002\"} 8\n\
+             celld_operator_reaction_wait_seconds_bucket{le=\"+Inf\"} 8\n\
+             celld_operator_reaction_wait_seconds_sum 0.012\n\
+             celld_operator_reaction_wait_seconds_count 8\n",
         )
         .since(&before);
         assert_eq!(reacted.reaction_requests_mean(), Some(6.5));
         assert_eq!(
             reacted.reaction_ms_by_part(),
-            BTreeMap::from([(
-                "pass_to_write".to_string(),
-                [10.0, 5.0, 2.0, 4.0, f64::INFINITY]
-            )])
+            BTreeMap::from([
+                (
+                    "pass_to_write".to_string(),
+                    [10.0, 5.0, 2.0, 4.0, f64::INFINITY]
+                ),
+                ("trigger_to_pass".to_string(), [8.0, 1.5, 2.0, 2.0, 2.0])
+            ])
         );
         let gauges_only = parse("celld_operator_fleets_reconciled 0\n");
         assert_eq!(
