@@ -365,12 +365,10 @@ pub async fn drive_open(run: &mut Run<'_>) -> Result<Report, Error> {
             (name, read)
         }
     });
-    let (appended, read) = futures::join!(run.append_all(op.id, bodies), async move {
-        match next {
-            Some(read) => Some(read.await),
-            None => None,
-        }
-    });
+    let (appended, read) = futures::join!(
+        run.append_all(op.id, bodies),
+        futures::future::OptionFuture::from(next)
+    );
     appended?;
     // A failed read is not kept: the planner sends it again and handles its error.
     if let Some((name, Ok(pod))) = read {
@@ -1395,13 +1393,10 @@ pub async fn plan_and_open(run: &mut Run<'_>) -> Result<Report, Error> {
             // none is used before it has committed (docs/design.md "Fresh reads"). A strict
             // operation's steps read their own targets.
             let reads = (!strict).then(|| guard_reads(run, id, &intent));
-            let (appended, reads) =
-                futures::join!(run.append(id, EntryBody::Intent(intent)), async move {
-                    match reads {
-                        Some(reads) => Some(reads.await),
-                        None => None,
-                    }
-                });
+            let (appended, reads) = futures::join!(
+                run.append(id, EntryBody::Intent(intent)),
+                futures::future::OptionFuture::from(reads)
+            );
             appended?;
             run.guard_reads = reads;
             failpoint::reach("after-intent");
