@@ -163,6 +163,12 @@ pub struct RunArgs {
     /// (`crate::pass::planning_client`; the bench compares both side by side).
     #[arg(long, hide = true)]
     pub test_no_cache_planning: bool,
+    /// Test clusters only: kube-runtime's controller bounds the reconciles itself
+    /// (`--reconcile-concurrency`), starting those that wait for a slot in hash order, as
+    /// before the slots were served in order (`crate::slots`; the bench compares both side by
+    /// side).
+    #[arg(long, hide = true)]
+    pub test_kube_slots: bool,
     /// Test clusters only: objects per page of a cluster-wide watch's list instead of
     /// `watches::CLUSTER_LIST_PAGE` (the bench compares page sizes side by side).
     #[arg(long, hide = true, value_parser = clap::value_parser!(u32).range(1..=5000))]
@@ -192,7 +198,8 @@ pub struct RunArgs {
     /// change is written at once. 0s..10s; 0s writes every change at once.
     #[arg(long, default_value = "1s", value_parser = parse_status_progress_interval)]
     pub status_progress_interval: Duration,
-    /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time).
+    /// Fleets reconciled at the same time (each fleet is reconciled by one task at a time);
+    /// reconciles waiting for a slot are served in the order their triggers fell due.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub reconcile_concurrency: u16,
     /// glibc malloc arenas (`mallopt(M_ARENA_MAX)`), set before any thread starts; 0 keeps
@@ -369,6 +376,7 @@ impl RunArgs {
             (self.test_no_prefetch, "--test-no-prefetch"),
             (self.test_forget_all_on_write, "--test-forget-all-on-write"),
             (self.test_no_cache_planning, "--test-no-cache-planning"),
+            (self.test_kube_slots, "--test-kube-slots"),
             (
                 self.test_cluster_list_page.is_some(),
                 "--test-cluster-list-page",

@@ -183,8 +183,25 @@ fn jitter(uid: &str) -> Duration {
     Duration::from_millis(u64::from(h % 2000))
 }
 
-/// One reconcile of one fleet, as the controller calls it: lease check, metrics, requeue.
+/// One reconcile of one fleet, as the controller calls it: a reconcile slot
+/// (`crate::slots`), then [`reconcile_in_slot`].
 async fn reconcile_fleet(
+    fleet: Arc<CompactFleet>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, reconcile::Error> {
+    let Some(slots) = &ctx.slots else {
+        return reconcile_in_slot(fleet, ctx.clone()).await;
+    };
+    let _slot = slots.take().await;
+    // The copy kube handed over may have aged while this waited: the store's newest.
+    let ns = fleet.namespace().unwrap_or_default();
+    let fleet = slots.latest(&ns, &fleet.name_any()).unwrap_or(fleet);
+    // Boxed once the slot is held: a reconcile waiting for one stays small.
+    Box::pin(reconcile_in_slot(fleet, ctx.clone())).await
+}
+
+/// One reconcile of one fleet in its slot: lease check, metrics, requeue.
+async fn reconcile_in_slot(
     fleet: Arc<CompactFleet>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, reconcile::Error> {
@@ -505,6 +522,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         own_writes: Default::default(),
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
         triggers: Default::default(),
+        slots: (!args.test_kube_slots)
+            .then(|| crate::slots::Slots::new(usize::from(args.reconcile_concurrency))),
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
         cache_planning: !args.test_no_cache_planning,
@@ -562,6 +581,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             // managedFields: nothing reads them and each status write adds to them), decoded
             // when the fleet reconciles.
             let (reader, writer) = kube::runtime::reflector::store();
+            if let Some(slots) = &ctx.slots {
+                slots.add_store(fleets_ns.clone(), reader.clone());
+            }
             let fleets: Api<CompactFleet> = match fleets_ns {
                 Some(ns) => Api::namespaced(client.clone(), &ns),
                 None => Api::all(client.clone()),
@@ -593,8 +615,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             });
             Controller::for_stream(fleets, reader)
                 .with_config(
-                    kube::runtime::controller::Config::default()
-                        .concurrency(args.reconcile_concurrency),
+                    // With the operator's own slots kube starts every due reconcile at
+                    // once (0: no bound) and each waits for a slot in that order.
+                    kube::runtime::controller::Config::default().concurrency(
+                        if ctx.slots.is_some() {
+                            0
+                        } else {
+                            args.reconcile_concurrency
+                        },
+                    ),
                 )
                 .reconcile_on(trigger)
                 .graceful_shutdown_on(stop())

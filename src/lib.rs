@@ -20,6 +20,7 @@ pub mod reaction;
 pub mod reconcile;
 pub mod render;
 pub mod repair;
+pub mod slots;
 pub mod status_pace;
 pub mod status_view;
 pub mod transport;

@@ -34,22 +34,43 @@ const KEPT: usize = 32;
 /// reached the operator. Triggers that arrive while one is pending (kube-runtime runs one
 /// reconcile for them all) keep the earliest time; a reconcile's start takes it.
 #[derive(Debug, Default)]
-pub struct Triggers(Mutex<HashMap<String, Instant>>);
+pub struct Triggers(Mutex<Pending>);
+
+#[derive(Debug, Default)]
+struct Pending {
+    since: HashMap<String, Instant>,
+    swept: Option<Instant>,
+}
+
+/// A trigger pending this long is dropped: no reconcile will serve it (a Pod event of a
+/// deleted fleet), so the map does not grow with every fleet ever deleted.
+const FORGOTTEN: Duration = Duration::from_secs(3600);
 
 impl Triggers {
     /// A watch event that triggers fleet `key`'s reconcile arrived now.
     pub fn arrived(&self, key: &str) {
-        if let Ok(mut m) = self.0.lock() {
-            if !m.contains_key(key) {
-                m.insert(key.to_string(), Instant::now());
-            }
+        self.arrived_at(key, Instant::now());
+    }
+
+    fn arrived_at(&self, key: &str, now: Instant) {
+        let Ok(mut p) = self.0.lock() else { return };
+        // At most one sweep per `FORGOTTEN`: it drops what has waited longer than that.
+        if p.swept
+            .is_none_or(|at| now.saturating_duration_since(at) >= FORGOTTEN)
+        {
+            p.since
+                .retain(|_, at| now.saturating_duration_since(*at) < FORGOTTEN);
+            p.swept = Some(now);
+        }
+        if !p.since.contains_key(key) {
+            p.since.insert(key.to_string(), now);
         }
     }
 
     /// Fleet `key`'s reconcile starts: how long its earliest pending trigger has waited
     /// (`None`: no trigger pending, e.g. a requeue).
     pub fn start(&self, key: &str) -> Option<Duration> {
-        self.0.lock().ok()?.remove(key).map(|t| t.elapsed())
+        self.0.lock().ok()?.since.remove(key).map(|t| t.elapsed())
     }
 }
 
@@ -239,6 +260,22 @@ mod tests {
             t.start("ns/g").is_some_and(|w| w < waited),
             "g arrived later"
         );
+    }
+
+    #[test]
+    fn a_trigger_no_reconcile_serves_is_dropped_after_an_hour() {
+        let t = Triggers::default();
+        let now = Instant::now();
+        t.arrived_at("ns/deleted", now);
+        t.arrived_at("ns/f", now + FORGOTTEN / 2);
+        // Within the hour the sweep does not run again: all three are kept.
+        t.arrived_at("ns/g", now + FORGOTTEN / 2);
+        assert_eq!(t.0.lock().unwrap().since.len(), 3);
+        // An hour after the last sweep, what has waited an hour is dropped, the rest kept.
+        t.arrived_at("ns/h", now + FORGOTTEN);
+        let mut kept: Vec<String> = t.0.lock().unwrap().since.keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, ["ns/f", "ns/g", "ns/h"]);
     }
 
     #[test]

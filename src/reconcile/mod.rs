@@ -103,6 +103,9 @@ pub struct Ctx {
     /// Per fleet, when its earliest trigger not yet served by a started reconcile arrived
     /// (`celld_operator_reaction_wait_seconds`).
     pub triggers: crate::reaction::Triggers,
+    /// The reconcile slots, served in order (`None`: kube-runtime's controller bounds the
+    /// reconciles, `--test-kube-slots`, and unit tests).
+    pub slots: Option<crate::slots::Slots>,
     /// A fresh pass sends its planning reads at once ([`prefetch`]); `--test-no-prefetch`
     /// turns it off.
     pub prefetch: bool,
@@ -1555,6 +1558,7 @@ mod pass_reads_tests {
             own_writes: Default::default(),
             status_pace: Default::default(),
             triggers: Default::default(),
+            slots: None,
             prefetch: true,
             forget_all_on_write: false,
             cache_planning: true,
