@@ -193,6 +193,11 @@ async fn reconcile_fleet(
         return reconcile_in_slot(fleet, ctx.clone()).await;
     };
     let _slot = slots.take().await;
+    // No new reconcile starts once the process stops (a signal, a lost Lease): one that was
+    // still waiting for a slot ends here, as kube starts none after it is told to stop.
+    if slots.stopping() {
+        return Ok(Action::await_change());
+    }
     // The copy kube handed over may have aged while this waited: the store's newest.
     let ns = fleet.namespace().unwrap_or_default();
     let fleet = slots.latest(&ns, &fleet.name_any()).unwrap_or(fleet);
@@ -430,6 +435,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // standby loop and the controller's start, e.g. during replay) is still seen by every
     // later wait. Found by the random-kill drill: a SIGTERM during start-up was lost.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopping = stop_rx.clone();
     let stop = move || {
         let mut rx = stop_rx.clone();
         async move {
@@ -523,7 +529,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         status_pace: crate::status_pace::StatusPace::new(args.status_progress_interval),
         triggers: Default::default(),
         slots: (!args.test_kube_slots)
-            .then(|| crate::slots::Slots::new(usize::from(args.reconcile_concurrency))),
+            .then(|| crate::slots::Slots::new(usize::from(args.reconcile_concurrency), stopping)),
         prefetch: !args.test_no_prefetch,
         forget_all_on_write: args.test_forget_all_on_write,
         cache_planning: !args.test_no_cache_planning,

@@ -27,17 +27,25 @@ use crate::compact_store::CompactFleet;
 #[derive(Debug)]
 pub struct Slots {
     free: Semaphore,
+    /// True once the process stops taking new reconciles.
+    stopping: tokio::sync::watch::Receiver<bool>,
     /// Each controller's fleet store, by the namespace it watches (`None`: cluster-wide).
     stores: Mutex<HashMap<Option<String>, Store<CompactFleet>>>,
 }
 
 impl Slots {
-    /// `n` slots (at least one).
-    pub fn new(n: usize) -> Self {
+    /// `n` slots (at least one); `stopping` turns true when no new reconcile may start.
+    pub fn new(n: usize, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
         Slots {
             free: Semaphore::new(n.max(1)),
+            stopping,
             stores: Mutex::default(),
         }
+    }
+
+    /// No new reconcile may start (a signal, a lost Lease): one that got its slot ends.
+    pub fn stopping(&self) -> bool {
+        *self.stopping.borrow()
     }
 
     /// The controller watching `scope` (`None`: cluster-wide) keeps its fleets in `store`.
@@ -70,7 +78,8 @@ mod tests {
 
     #[tokio::test]
     async fn slots_are_given_in_the_order_they_were_asked_for() {
-        let slots = Arc::new(Slots::new(2));
+        let (_stop, stopping) = tokio::sync::watch::channel(false);
+        let slots = Arc::new(Slots::new(2, stopping));
         let held = (slots.take().await, slots.take().await);
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut waiting = Vec::new();
@@ -108,7 +117,11 @@ mod tests {
             .unwrap();
             CompactFleet::new(f).unwrap()
         };
-        let slots = Slots::new(1);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let slots = Slots::new(1, stopping);
+        assert!(!slots.stopping());
+        stop.send(true).unwrap();
+        assert!(slots.stopping());
         assert!(slots.latest("ns", "f").is_none(), "no store");
         let (reader, mut writer) = kube::runtime::reflector::store::<CompactFleet>();
         slots.add_store(Some("ns".into()), reader);
