@@ -1517,7 +1517,7 @@ pub const LATER: Duration = Duration::from_secs(600);
 pub const BLOCKED: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
-mod pass_reads_tests {
+pub(crate) mod pass_reads_tests {
     //! A fresh pass's reads through `Run` against a mock API server that pins every request:
     //! planning reads are sent once between writes, re-reads always, a write empties the
     //! record (docs/design.md "Reads of a fresh pass").
@@ -1527,7 +1527,7 @@ mod pass_reads_tests {
     use std::sync::Arc;
     use tower_test::mock;
 
-    fn ctx(client: Client) -> Ctx {
+    pub(crate) fn ctx(client: Client) -> Ctx {
         Ctx {
             client,
             render: RenderSettings::default(),
