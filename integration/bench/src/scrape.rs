@@ -417,6 +417,22 @@ pub fn parse(text: &str) -> Snapshot {
             None => (series, BTreeMap::new()),
         };
         let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+        // The two reaction histograms, by part: `le` of each bucket, `sum`, `count`.
+        let reaction = [
+            ("celld_operator_reaction_pass_seconds_", PASS_TO_WRITE),
+            ("celld_operator_reaction_wait_seconds_", TRIGGER_TO_PASS),
+        ]
+        .into_iter()
+        .find_map(|(family, part)| Some((part, name.strip_prefix(family)?)));
+        if let Some((part, stat)) = reaction {
+            let key = match stat {
+                "bucket" => bucket(&label("le")),
+                "sum" | "count" => stat.to_string(),
+                _ => continue,
+            };
+            s.reaction.insert((part.into(), key), value);
+            continue;
+        }
         match name {
             "celld_operator_api_requests_total" => {
                 *s.requests
@@ -430,30 +446,6 @@ pub fn parse(text: &str) -> Snapshot {
             }
             "celld_operator_api_request_duration_seconds_count" => {
                 *s.requests_timed.entry(label("verb")).or_default() += value;
-            }
-            "celld_operator_reaction_pass_seconds_sum" => {
-                s.reaction
-                    .insert((PASS_TO_WRITE.into(), "sum".into()), value);
-            }
-            "celld_operator_reaction_pass_seconds_count" => {
-                s.reaction
-                    .insert((PASS_TO_WRITE.into(), "count".into()), value);
-            }
-            "celld_operator_reaction_pass_seconds_bucket" => {
-                s.reaction
-                    .insert((PASS_TO_WRITE.into(), bucket(&label("le"))), value);
-            }
-            "celld_operator_reaction_wait_seconds_sum" => {
-                s.reaction
-                    .insert((TRIGGER_TO_PASS.into(), "sum".into()), value);
-            }
-            "celld_operator_reaction_wait_seconds_count" => {
-                s.reaction
-                    .insert((TRIGGER_TO_PASS.into(), "count".into()), value);
-            }
-            "celld_operator_reaction_wait_seconds_bucket" => {
-                s.reaction
-                    .insert((TRIGGER_TO_PASS.into(), bucket(&label("le"))), value);
             }
             "celld_operator_reaction_pass_requests_sum" => {
                 s.reaction_requests.insert("sum".into(), value);
