@@ -1196,6 +1196,15 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
     };
     let report = match steps {
         Ok(r) => r,
+        // Creating in a namespace that is being deleted is refused with 403 too; that is not
+        // a missing Role: the fleet's own deletion follows, and the pass looks again soon.
+        Err(Error::Kube { source: kube::Error::Api(s), context }) if namespace_terminating(&s) => {
+            Report::progress(format!(
+                "Namespace {} is being deleted, so nothing new can be created there ({context}); \
+                 the fleet is deleted with it",
+                run.ns
+            ))
+        }
         Err(Error::Kube { source: kube::Error::Api(s), context }) if s.code == 403 => Report::blocked(
             &reasons::NAMESPACE_ACCESS_DENIED,
             format!(
@@ -1506,6 +1515,43 @@ async fn prefetch(run: &Run<'_>) {
             }
         }
     );
+}
+
+/// Whether a refusal is the API server's NamespaceLifecycle admission turning away new
+/// content in a namespace that is being deleted (403, "... because it is being terminated").
+pub(crate) fn namespace_terminating(s: &kube::core::Status) -> bool {
+    s.code == 403 && s.message.contains("because it is being terminated")
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::namespace_terminating;
+
+    fn refused(code: u16, message: &str) -> kube::core::Status {
+        serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "reason": "Forbidden", "message": message
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_terminating_namespace_is_told_apart_from_a_missing_role() {
+        assert!(namespace_terminating(&refused(
+            403,
+            "networkpolicies.networking.k8s.io \"kappa\" is forbidden: unable to create new \
+             content in namespace ns-1 because it is being terminated"
+        )));
+        assert!(!namespace_terminating(&refused(
+            403,
+            "networkpolicies.networking.k8s.io is forbidden: User \"system:serviceaccount:op:celld\" \
+             cannot create resource \"networkpolicies\" in API group \"networking.k8s.io\" in the \
+             namespace \"ns-1\""
+        )));
+        assert!(!namespace_terminating(&refused(
+            409,
+            "because it is being terminated"
+        )));
+    }
 }
 
 /// Requeue delays.
