@@ -14,7 +14,7 @@ mod e2e_common;
 
 use celld_harness::audit::{deletes as audit_deletes, marker_of, writes as audit_writes};
 use celld_harness::operator::OperatorProcess;
-use celld_harness::{cluster, Cluster, TestNamespace};
+use celld_harness::{cluster, Cluster};
 use celld_operator::api::{CelldFleet, CelldStorageReservation};
 use e2e_common::*;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -706,7 +706,7 @@ async fn the_chart_service_account_is_enough_to_run_a_fleet() {
     // Its second operator watches every namespace: no other test runs meanwhile.
     let _guard = exclusive().await;
     let (c, client, ns) = setup("chart").await;
-    let other = TestNamespace::create(&client, "unlisted").await.unwrap();
+    let other = namespace(&client, "unlisted").await;
     fleet_service_account(&client, &other.name).await;
     let chart = celld_harness::repo_root().join("helm/celld-operator");
     let listed = format!("fleetNamespaces={{{}}}", ns.name);
@@ -2732,7 +2732,7 @@ async fn namespace_watches_share_one_http2_connection() {
     let (c, client, first) = setup("h2").await;
     let mut namespaces = vec![first];
     for prefix in ["h2b", "h2c"] {
-        let ns = TestNamespace::create(&client, prefix).await.unwrap();
+        let ns = namespace(&client, prefix).await;
         fleet_service_account(&client, &ns.name).await;
         namespaces.push(ns);
     }
@@ -2815,9 +2815,9 @@ async fn cluster_wide_watches_serve_fleets_in_several_namespaces() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     let _guard = isolated().await;
     let (_c, client, first) = setup("cw").await;
-    let second = TestNamespace::create(&client, "cwb").await.unwrap();
+    let second = namespace(&client, "cwb").await;
     fleet_service_account(&client, &second.name).await;
-    let outside = TestNamespace::create(&client, "cwx").await.unwrap();
+    let outside = namespace(&client, "cwx").await;
     let foreign: Service = serde_json::from_value(json!({
         "metadata": {"name": "foreign", "labels": {"celld.eric.dev/fleet-uid": "not-a-fleet-here"}},
         "spec": {"ports": [{"port": 8080}]}

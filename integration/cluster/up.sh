@@ -19,6 +19,9 @@ etcd_client=$((base + 1)); etcd_peer=$((base + 2)); apiserver=$((base + 43))
 kcm=$((base + 57)); sched=$((base + 59))
 log() { echo "[cluster-up $(date +%H:%M:%S)] $*" >&2; }
 mkdir -p "$work"/{pki,logs,run,audit,etcd}
+# Test processes that start at the same time bring the control plane up one after another.
+exec 9>"$work/run/up.lock"
+flock 9
 pki=$work/pki
 kubectl() { "$bin/kubectl" --kubeconfig "$work/admin.kubeconfig" "$@"; }
 
@@ -96,11 +99,25 @@ PORTS
 
 start() { # name cmd...
   local name=$1; shift
-  if alive "$name"; then log "$name already running (pid $(cat "$work/run/$name.pid"))"; return 0; fi
+  # A running component is reused only when it runs with the flags this script gives it:
+  # one started by an older version of this script is restarted (its data is kept).
+  local flags; flags=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  if alive "$name"; then
+    if [ "$(cat "$work/run/$name.flags" 2>/dev/null)" = "$flags" ]; then
+      log "$name already running (pid $(cat "$work/run/$name.pid"))"; return 0
+    fi
+    local pid; pid=$(cat "$work/run/$name.pid")
+    log "$name (pid $pid) runs with other flags than this script gives it: restarting it"
+    kill "$pid" 2>/dev/null || true
+    local i
+    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
   log "starting $name (log: $work/logs/$name.log)"
   # setsid: a component survives the shell that started it; down.sh stops it by pid.
-  setsid "$@" >>"$work/logs/$name.log" 2>&1 < /dev/null &
+  setsid "$@" >>"$work/logs/$name.log" 2>&1 < /dev/null 9>&- &
   echo $! > "$work/run/$name.pid"
+  echo "$flags" > "$work/run/$name.flags"
 }
 # A port held by something else (often another checkout's cluster on the same CELLD_PORT_BASE)
 # would make a component exit, or worse, make its health check answer for the other cluster.
@@ -148,7 +165,8 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
   --audit-policy-file "$here/audit-policy.yaml" --audit-log-path "$work/audit/audit.log" \
   --audit-log-format json --audit-log-maxsize 100000 --audit-log-mode blocking \
-  --profiling=false --enable-priority-and-fairness=false
+  --profiling=false --enable-priority-and-fairness=false \
+  --enable-admission-plugins PodNodeSelector
 wait_for kube-apiserver 90 curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
   "https://127.0.0.1:$apiserver/readyz"
 

@@ -117,11 +117,26 @@ pub fn kubelet() -> &'static TestKubelet {
             c.work_dir.join("test-kubelet.kubeconfig"),
             work_dir().join("kubelet"),
         );
-        opts.node_prefix = format!("e2e{}", std::process::id() % 10000);
+        opts.node_prefix = kubelet_prefix();
         opts.nodes = 6;
         opts.pod_ip_range = "127.50.0.0/16".into();
         TestKubelet::start(&opts).expect("test kubelet starts")
     })
+}
+
+/// The node prefix of this process's test kubelet (also the value of its Nodes' label
+/// `celld.test/kubelet`).
+pub fn kubelet_prefix() -> String {
+    format!("e2e{}", std::process::id() % 10000)
+}
+
+/// A fresh namespace whose Pods run on this process's test kubelet only (the namespace's
+/// PodNodeSelector annotation), never on the Nodes of another test process.
+pub async fn namespace(client: &Client, prefix: &str) -> TestNamespace {
+    let selector = format!("celld.test/kubelet={}", kubelet_prefix());
+    TestNamespace::create_on(client, prefix, Some(&selector))
+        .await
+        .unwrap()
 }
 
 /// The operator under test (see `celld_harness::operator`).
@@ -214,7 +229,7 @@ pub async fn setup(prefix: &str) -> (&'static Cluster, Client, TestNamespace) {
     let c = cluster();
     kubelet();
     let client = c.admin_client().await.unwrap();
-    let ns = TestNamespace::create(&client, prefix).await.unwrap();
+    let ns = namespace(&client, prefix).await;
     CURRENT.with(|cur| {
         *cur.borrow_mut() = Some(Current {
             ns: ns.name.clone(),

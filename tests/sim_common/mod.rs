@@ -77,13 +77,19 @@ pub async fn fleet_member_urls(
         .expect("member URLs")
 }
 
+/// The operator's Lease namespace of test `tag`: one per test bed slot, so test processes
+/// running side by side never share a Lease.
+pub fn lease_namespace(bed: &TestBed, tag: &str) -> String {
+    format!("celld-{tag}-s{}", bed.slot)
+}
+
 /// A test namespace with the fleets' ServiceAccount `celld`, and the operator's Lease
-/// namespace `celld-<tag>`.
+/// namespace ([`lease_namespace`]).
 pub async fn fleet_namespace(bed: &TestBed, client: &Client, tag: &str) -> TestNamespace {
     let ns = bed.namespace(client, tag).await.unwrap();
     let _ = bed
         .cluster
-        .kubectl(&["create", "namespace", &format!("celld-{tag}")]);
+        .kubectl(&["create", "namespace", &lease_namespace(bed, tag)]);
     let sa: ServiceAccount =
         serde_json::from_value(json!({"metadata": {"name": "celld"}})).unwrap();
     Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
@@ -93,7 +99,7 @@ pub async fn fleet_namespace(bed: &TestBed, client: &Client, tag: &str) -> TestN
     ns
 }
 
-/// The operator of test `tag`: Lease in `celld-<tag>`, its own identity, log and mirror.
+/// The operator of test `tag`: Lease in [`lease_namespace`], its own identity, log and mirror.
 pub fn operator_options(
     bed: &TestBed,
     tag: &str,
@@ -103,7 +109,7 @@ pub fn operator_options(
     OperatorOptions {
         binary: env!("CARGO_BIN_EXE_celld-operator").into(),
         kubeconfig: bed.kubeconfig().into(),
-        operator_namespace: format!("celld-{tag}"),
+        operator_namespace: lease_namespace(bed, tag),
         identity: format!("celld-operator-{tag}"),
         work_dir: bed
             .cluster

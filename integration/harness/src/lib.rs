@@ -153,6 +153,7 @@ fn install_panic_hook(work: PathBuf) {
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
         eprintln!("{}", log_locations(&work));
+        eprintln!("{}", operator::started_logs_text(40));
     }));
 }
 
@@ -197,6 +198,10 @@ impl Cluster {
     }
 }
 
+/// The namespace annotation of the API server's PodNodeSelector admission plugin (enabled by
+/// `integration/cluster/up.sh`): every Pod created in the namespace gets this node selector.
+pub const NODE_SELECTOR_ANNOTATION: &str = "scheduler.alpha.kubernetes.io/node-selector";
+
 /// A namespace owned by one test; its name is `<prefix>-<random>`.
 pub struct TestNamespace {
     /// The namespace name.
@@ -207,6 +212,17 @@ pub struct TestNamespace {
 impl TestNamespace {
     /// Creates a fresh namespace for one test.
     pub async fn create(client: &Client, prefix: &str) -> Result<Self> {
+        Self::create_on(client, prefix, None).await
+    }
+
+    /// Creates a fresh namespace for one test whose Pods run only on the Nodes that match
+    /// `node_selector` (`key=value`; e.g. the Nodes of the test process's own kubelet), so
+    /// test processes that share the control plane never run each other's Pods.
+    pub async fn create_on(
+        client: &Client,
+        prefix: &str,
+        node_selector: Option<&str>,
+    ) -> Result<Self> {
         let name = format!(
             "{prefix}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -215,6 +231,8 @@ impl TestNamespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some([("celld.eric.dev/test".to_string(), "true".to_string())].into()),
+                annotations: node_selector
+                    .map(|s| [(NODE_SELECTOR_ANNOTATION.to_string(), s.to_string())].into()),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()
@@ -237,7 +255,8 @@ impl TestNamespace {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         while namespaces.get_opt(&name).await?.is_some() {
             if std::time::Instant::now() > deadline {
-                bail!("namespace {name} was not deleted within 120 s");
+                let left = namespace_leftovers(&namespaces, &name).await;
+                bail!("namespace {name} was not deleted within 120 s; {left}");
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
@@ -251,6 +270,28 @@ impl TestNamespace {
             .delete(&self.name, &DeleteParams::default())
             .await?;
         Ok(())
+    }
+}
+
+/// What keeps a namespace from going away, as its status conditions say (the
+/// namespace controller lists the kinds left and the finalizers that hold them).
+async fn namespace_leftovers(namespaces: &Api<Namespace>, name: &str) -> String {
+    let conditions = match namespaces.get_opt(name).await {
+        Ok(Some(ns)) => ns
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.status == "True")
+            .map(|c| format!("{}: {}", c.type_, c.message.unwrap_or_default()))
+            .collect::<Vec<_>>(),
+        Ok(None) => return "it is gone now".to_string(),
+        Err(e) => return format!("its status could not be read: {e}"),
+    };
+    if conditions.is_empty() {
+        "its status names nothing left".to_string()
+    } else {
+        format!("left: {}", conditions.join("; "))
     }
 }
 

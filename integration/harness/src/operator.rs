@@ -1,9 +1,56 @@
 //! The operator under test as a child process (killed when dropped), for real-cluster
 //! suites and crash drills.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
+
+/// The logs of the operators each test thread started, newest last: the panic hook prints
+/// them for the thread that failed, so a failure in CI shows the operator's view.
+static STARTED_LOGS: Mutex<Option<HashMap<ThreadId, Vec<PathBuf>>>> = Mutex::new(None);
+
+fn remember_log(log: &Path) {
+    if let Ok(mut logs) = STARTED_LOGS.lock() {
+        let entry = logs
+            .get_or_insert_with(HashMap::new)
+            .entry(std::thread::current().id())
+            .or_default();
+        if !entry.iter().any(|l| l == log) {
+            entry.push(log.to_path_buf());
+        }
+    }
+}
+
+/// The logs of the operators the current thread started, and the last `tail` lines of the
+/// newest one (empty when it started none).
+pub fn started_logs_text(tail: usize) -> String {
+    let logs = STARTED_LOGS
+        .lock()
+        .ok()
+        .and_then(|l| l.as_ref()?.get(&std::thread::current().id()).cloned())
+        .unwrap_or_default();
+    let Some(newest) = logs.last() else {
+        return String::new();
+    };
+    let mut out = String::from("operator logs of this test:\n");
+    for log in &logs {
+        out.push_str(&format!("  {}\n", log.display()));
+    }
+    let text = std::fs::read_to_string(newest).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    out.push_str(&format!(
+        "last {} lines of {}:\n",
+        tail.min(lines.len()),
+        newest.display()
+    ));
+    for line in &lines[lines.len().saturating_sub(tail)..] {
+        out.push_str(&format!("  | {line}\n"));
+    }
+    out
+}
 
 /// How to start one operator replica.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +121,7 @@ impl OperatorProcess {
             cmd.arg("--network-policy-enforced");
         }
         cmd.args(&opts.extra_args);
+        remember_log(&log);
         OperatorProcess {
             child: cmd.spawn().expect("operator starts"),
             log,

@@ -187,9 +187,15 @@ impl TestBed {
         self.cluster.admin_client().await
     }
 
-    /// A fresh namespace `<prefix>-<random>` for one test.
+    /// A fresh namespace `<prefix>-<random>` for one test. Its Pods run on this bed's Nodes
+    /// only (the namespace's PodNodeSelector annotation), never on another test process's.
     pub async fn namespace(&self, client: &Client, prefix: &str) -> Result<TestNamespace> {
-        TestNamespace::create(client, prefix).await
+        TestNamespace::create_on(client, prefix, Some(&self.node_selector())).await
+    }
+
+    /// The node selector (`key=value`) that matches this bed's Nodes and no others.
+    pub fn node_selector(&self) -> String {
+        format!("{KUBELET_LABEL}={}", self.node_prefix)
     }
 
     /// Creates bucket `name` (a folder under the store root; idempotent) and returns the name.
@@ -750,7 +756,7 @@ async fn warn_about_foreign_nodes(client: &Client, prefix: &str) -> Result<()> {
         .collect();
     if !foreign.is_empty() {
         eprintln!(
-            "celld-testbed: WARNING: other schedulable Nodes exist ({}); Pods without a node selector (e.g. operator-rendered fleet members) may run there instead of on this bed's Nodes. Stop `make demo` / other test beds, or pin Pods with the label {KUBELET_LABEL}={prefix}.",
+            "celld-testbed: note: other schedulable Nodes exist ({}); Pods of this bed's namespaces run on its own Nodes only (label {KUBELET_LABEL}={prefix}), Pods of namespaces it did not create may run anywhere.",
             foreign.join(", ")
         );
     }
