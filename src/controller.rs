@@ -207,15 +207,29 @@ async fn reconcile_fleet(
     Box::pin(reconcile_in_slot(fleet, ctx.clone())).await
 }
 
-/// One reconcile of one fleet in its slot: lease check, metrics, requeue.
+/// One reconcile of one fleet in its slot, in the fleet's `reconcile` span.
 async fn reconcile_in_slot(
     fleet: Arc<CompactFleet>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, reconcile::Error> {
+    use tracing::Instrument;
     let ns = fleet.namespace().unwrap_or_default();
     let name = fleet.name_any();
+    // Instrumented, not entered: a span entered across an await stays entered on the thread
+    // while the reconcile is parked, and other fleets' log lines would carry this fleet.
     let span = tracing::info_span!("reconcile", fleet = %format!("{ns}/{name}"));
-    let _enter = span.enter();
+    reconcile_in_span(fleet, ctx, ns, name)
+        .instrument(span)
+        .await
+}
+
+/// The reconcile itself: lease check, metrics, requeue.
+async fn reconcile_in_span(
+    fleet: Arc<CompactFleet>,
+    ctx: Arc<Ctx>,
+    ns: String,
+    name: String,
+) -> Result<Action, reconcile::Error> {
     ctx.check_lease();
     let started = std::time::Instant::now();
     let waited = ctx.triggers.start(&format!("{ns}/{name}"));
@@ -803,5 +817,41 @@ mod slot_tests {
             waiting <= 512 && waiting * 4 < running,
             "waiting {waiting} bytes, running {running}"
         );
+    }
+
+    /// A reconcile parked on a request leaves its fleet's span: log lines written meanwhile
+    /// by others on the same thread do not carry that fleet.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_parked_reconcile_leaves_its_span() {
+        let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
+        let f: crate::api::CelldFleet = serde_json::from_value(serde_json::json!({
+            "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
+            "metadata": {"name": "f", "namespace": "ns", "uid": "u1"},
+            "spec": {"profile": "Bucket", "runtimeImage": "img@sha256:1", "replicas": 1,
+                     "serviceAccountName": "celld",
+                     "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
+                     "storage": {"bucket": "b", "region": "us-east-1"}}
+        }))
+        .unwrap();
+        let fleet = std::sync::Arc::new(crate::compact_store::CompactFleet::new(f).unwrap());
+        let (service, mut handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let ctx = std::sync::Arc::new(crate::reconcile::pass_reads_tests::ctx(kube::Client::new(
+            service, "default",
+        )));
+        assert!(tracing::Span::current().is_none());
+        let reconcile = tokio::spawn(super::reconcile_in_slot(fleet, ctx));
+        // Its first request reaches the API server (unanswered): the reconcile is parked.
+        let (request, _answer) = handle.next_request().await.expect("a request");
+        let current = tracing::Span::current();
+        assert!(
+            current.is_none(),
+            "while parked on {} the reconcile's span is still entered here: {:?}",
+            request.uri(),
+            current.metadata().map(|m| m.name())
+        );
+        reconcile.abort();
     }
 }
