@@ -786,13 +786,20 @@ mod tests {
 }
 #[cfg(test)]
 mod slot_tests {
-    /// A reconcile waiting for a slot holds little: 1,000 of them wait at start-up, and the
-    /// bench measured 3 MiB more at rest when the reconcile's state was inline (2.7 KB each).
-    #[tokio::test]
-    async fn a_reconcile_waiting_for_a_slot_is_small() {
+    type Handle = tower_test::mock::Handle<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >;
+
+    /// A fleet, and a context whose API server is `Handle` (nothing is answered unless asked).
+    fn fleet_and_ctx() -> (
+        std::sync::Arc<crate::compact_store::CompactFleet>,
+        std::sync::Arc<super::Ctx>,
+        Handle,
+    ) {
         let f: crate::api::CelldFleet = serde_json::from_value(serde_json::json!({
             "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
-            "metadata": {"name": "f", "namespace": "ns"},
+            "metadata": {"name": "f", "namespace": "ns", "uid": "u1"},
             "spec": {"profile": "Bucket", "runtimeImage": "img@sha256:1", "replicas": 1,
                      "serviceAccountName": "celld",
                      "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
@@ -800,13 +807,21 @@ mod slot_tests {
         }))
         .unwrap();
         let fleet = std::sync::Arc::new(crate::compact_store::CompactFleet::new(f).unwrap());
-        let (service, _handle) = tower_test::mock::pair::<
+        let (service, handle) = tower_test::mock::pair::<
             http::Request<kube::client::Body>,
             http::Response<kube::client::Body>,
         >();
         let ctx = std::sync::Arc::new(crate::reconcile::pass_reads_tests::ctx(kube::Client::new(
             service, "default",
         )));
+        (fleet, ctx, handle)
+    }
+
+    /// A reconcile waiting for a slot holds little: 1,000 of them wait at start-up, and the
+    /// bench measured 3 MiB more at rest when the reconcile's state was inline (2.7 KB each).
+    #[tokio::test]
+    async fn a_reconcile_waiting_for_a_slot_is_small() {
+        let (fleet, ctx, _handle) = fleet_and_ctx();
         let waiting = super::reconcile_fleet(fleet.clone(), ctx.clone());
         let running = super::reconcile_in_slot(fleet, ctx);
         let (waiting, running) = (
@@ -824,23 +839,7 @@ mod slot_tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_parked_reconcile_leaves_its_span() {
         let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
-        let f: crate::api::CelldFleet = serde_json::from_value(serde_json::json!({
-            "apiVersion": "celld.eric.dev/v1alpha1", "kind": "CelldFleet",
-            "metadata": {"name": "f", "namespace": "ns", "uid": "u1"},
-            "spec": {"profile": "Bucket", "runtimeImage": "img@sha256:1", "replicas": 1,
-                     "serviceAccountName": "celld",
-                     "placement": {"zones": ["us-east-1a"], "azCount": 1, "mode": "Relaxed"},
-                     "storage": {"bucket": "b", "region": "us-east-1"}}
-        }))
-        .unwrap();
-        let fleet = std::sync::Arc::new(crate::compact_store::CompactFleet::new(f).unwrap());
-        let (service, mut handle) = tower_test::mock::pair::<
-            http::Request<kube::client::Body>,
-            http::Response<kube::client::Body>,
-        >();
-        let ctx = std::sync::Arc::new(crate::reconcile::pass_reads_tests::ctx(kube::Client::new(
-            service, "default",
-        )));
+        let (fleet, ctx, mut handle) = fleet_and_ctx();
         assert!(tracing::Span::current().is_none());
         let reconcile = tokio::spawn(super::reconcile_in_slot(fleet, ctx));
         // Its first request reaches the API server (unanswered): the reconcile is parked.
