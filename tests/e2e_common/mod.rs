@@ -7,6 +7,7 @@ use celld_harness::operator::{OperatorOptions, OperatorProcess};
 use celld_harness::{cluster, Cluster, TestNamespace};
 use celld_operator::api::CelldFleet;
 use celld_test_kubelet::launcher::{Options, TestKubelet};
+use celld_test_kubelet::nodes::INSTANCE_LABEL;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -133,7 +134,7 @@ pub fn kubelet_prefix() -> String {
 /// A fresh namespace whose Pods run on this process's test kubelet only (the namespace's
 /// PodNodeSelector annotation), never on the Nodes of another test process.
 pub async fn namespace(client: &Client, prefix: &str) -> TestNamespace {
-    let selector = format!("celld.test/kubelet={}", kubelet_prefix());
+    let selector = format!("{INSTANCE_LABEL}={}", kubelet_prefix());
     TestNamespace::create_on(client, prefix, Some(&selector))
         .await
         .unwrap()

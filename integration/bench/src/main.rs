@@ -9,6 +9,7 @@
 mod audit;
 mod bed;
 mod ops;
+mod pace;
 mod report;
 mod scale;
 mod scrape;

@@ -305,6 +305,9 @@ pub struct DesignResult {
     /// at the end of the window.
     #[serde(serialize_with = "na")]
     pub watch_connections: Option<f64>,
+    /// The machine's pace right after the window (`pace.rs`): figures of runs on a machine
+    /// that was slower are not comparable.
+    pub pace: crate::pace::Pace,
     /// Which fleets this design's reaction figures act on.
     pub active: ActiveSummary,
     /// Reaction under load.
@@ -562,6 +565,18 @@ pub fn figures(d: &DesignResult) -> Vec<Figure> {
             d.rss_file_kib.map(|k| k as f64 / 1024.0),
         ),
         ("CPU s/min at rest", Some(d.cpu_s_per_min)),
+        (
+            "machine pace: bench CPU probe, ms",
+            d.pace.cpu_probe_ms.as_ref().map(|s| s.median),
+        ),
+        (
+            "machine pace: API GET at rest, ms",
+            d.pace.api_get_ms.as_ref().map(|s| s.median),
+        ),
+        (
+            "machine pace: API PATCH at rest, ms",
+            d.pace.api_patch_ms.as_ref().map(|s| s.median),
+        ),
         (
             "under load: requests per operation",
             d.reaction.requests_per_operation,
@@ -1178,6 +1193,15 @@ async fn measure_design(
         quiet_before,
     );
     let cpu_s_per_min = (cpu_after - cpu_before) / minutes;
+    let pace = crate::pace::measure(bed).await?;
+    let ms = |s: &Option<crate::stats::Summary>| s.as_ref().map_or(f64::NAN, |s| s.median);
+    progress(&format!(
+        "[scale] {size} fleets, {}: machine pace: CPU probe {:.0} ms, API GET {:.1} ms, PATCH {:.1} ms (medians)",
+        design.name(),
+        ms(&pace.cpu_probe_ms),
+        ms(&pace.api_get_ms),
+        ms(&pace.api_patch_ms)
+    ));
     progress(&format!(
         "[scale] {size} fleets, {}: {:.3} requests/fleet/min (Lease excluded), {:.1} Lease requests/min, {:.1} reconciles/min, RSS {:.1} MiB, CPU {:.2} s/min",
         design.name(),
@@ -1298,6 +1322,7 @@ async fn measure_design(
         cached_bytes: after.cached_bytes,
         api_connections,
         watch_connections: after.watch_connections,
+        pace,
         reaction,
         fairness: Some(fairness),
         spread,

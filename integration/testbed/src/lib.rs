@@ -87,7 +87,7 @@ pub const RESERVED_TAINT_KEY: &str = "celld.test/testbed-reserved";
 /// Label carrying the slot on every Node of a bed.
 pub const SLOT_LABEL: &str = "celld.test/testbed-slot";
 /// Label the kubelet puts on its Nodes (value: the node prefix).
-pub const KUBELET_LABEL: &str = "celld.test/kubelet";
+pub use celld_test_kubelet::nodes::INSTANCE_LABEL as KUBELET_LABEL;
 /// Default number of general Nodes (`CELLD_TESTBED_NODES` overrides).
 pub const DEFAULT_GENERAL_NODES: usize = 6;
 const MAX_SLOTS: u32 = 8;

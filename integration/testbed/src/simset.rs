@@ -174,9 +174,9 @@ impl SimSet {
     /// The StatefulSet. `node_prefix` is the test bed's (`celld.test/kubelet` label value).
     pub fn statefulset(&self, ns: &str, node_prefix: &str) -> Value {
         let (node_selector, tolerations) = match &self.placement {
-            Placement::General => (json!({"celld.test/kubelet": node_prefix}), json!([])),
+            Placement::General => (json!({crate::KUBELET_LABEL: node_prefix}), json!([])),
             Placement::Node(node) => (
-                json!({"celld.test/kubelet": node_prefix, "kubernetes.io/hostname": node}),
+                json!({crate::KUBELET_LABEL: node_prefix, "kubernetes.io/hostname": node}),
                 json!([{"key": crate::RESERVED_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]),
             ),
         };
