@@ -1281,11 +1281,13 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
             run.wrote_fleet(run.fleet.metadata.resource_version.as_deref());
             ctx.status_pace.wrote(&pace_key, std::time::Instant::now());
         }
-        status::Stored::Deferred(wait) => {
+        status::Stored::Deferred(_) => {
             ctx.metrics.status_deferred.inc();
-            run.requeue = Some(run.requeue.map_or(wait, |r| r.min(wait)));
         }
         _ => {}
+    }
+    if let Some(after) = status_requeue(stored) {
+        run.requeue = Some(run.requeue.map_or(after, |r| r.min(after)));
     }
     if stored.held() {
         // Announced only once the Blocked condition it reports is stored: a status write
@@ -1305,6 +1307,20 @@ async fn reconcile_pass(ns: &str, name: &str, ctx: &Ctx, pass: Pass) -> Result<N
             _ => Next::Soon,
         },
     )
+}
+
+/// How soon a reconcile looks again because of how its status write went (`None`: no reason
+/// of its own). A progress-only change waits for the rest of its pace interval. A status
+/// answered 409 (the fleet moved on since the copy it was computed from) is written by the
+/// reconcile that the fleet's watch event brings, at once, and that reconcile's requeue
+/// replaces this one; [`SOON`] is the bound if no event comes (a watch that lags, or a 409 that
+/// changed nothing), instead of the slow resync.
+fn status_requeue(stored: status::Stored) -> Option<Duration> {
+    match stored {
+        status::Stored::Deferred(wait) => Some(wait),
+        status::Stored::Conflict => Some(SOON),
+        status::Stored::Unchanged | status::Stored::Written => None,
+    }
 }
 
 use kube::Resource;
@@ -2034,6 +2050,20 @@ pub(crate) mod pass_reads_tests {
             Ok(_) => panic!("not a requeue within the window"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A status write answered 409 is looked at again within [`SOON`] even if no watch event
+    /// comes; before, a fleet whose operation had closed waited for the slow resync (the
+    /// exhaustive drills found a Provision left unsettled for 90 s by a 409 on its last status
+    /// write).
+    #[test]
+    fn a_status_answered_409_is_written_again_soon_without_an_event() {
+        assert_eq!(status_requeue(status::Stored::Conflict), Some(SOON));
+        assert!(SOON < LATER);
+        let wait = Duration::from_millis(700);
+        assert_eq!(status_requeue(status::Stored::Deferred(wait)), Some(wait));
+        assert_eq!(status_requeue(status::Stored::Written), None);
+        assert_eq!(status_requeue(status::Stored::Unchanged), None);
     }
 
     /// A progress-only status change (member counts, condition messages) waits for the rest

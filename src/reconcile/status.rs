@@ -159,7 +159,8 @@ pub enum Stored {
     Unchanged,
     /// Written, conditioned on the fleet's resourceVersion: that version is replaced.
     Written,
-    /// The fleet moved on (409): the next reconcile writes it.
+    /// The fleet moved on (409): the next reconcile writes it (the one the fleet's watch
+    /// event brings, or a requeue after `SOON` at the latest).
     Conflict,
     /// A progress-only change within the pace interval (`crate::status_pace`): nothing was
     /// sent; the reconcile looks again after this long and writes it then.
