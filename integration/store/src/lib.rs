@@ -15,6 +15,8 @@
 //!   `400` for an unknown mode.
 //! - `GET /health` → `200 ok`.
 
+pub mod listening;
+
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! `PR_SET_PDEATHSIG` kills it with the test process, plus helpers that read the store's backing
 //! folder directly (what "the store holds it" means for assertions).
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,7 +104,7 @@ pub fn start(binary: &Path, root: &Path, log: &Path) -> Result<StoreServer> {
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            if celld_store_proxy::listening::accepts(addr, Duration::from_millis(200)) {
                 return Ok(StoreServer {
                     root: root.to_path_buf(),
                     addr,

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -56,7 +56,9 @@ pub fn s3s_binary() -> PathBuf {
 /// server binds it, so two beds started at the same moment could be given the same port, one
 /// test's readiness probe answered by the other test's s3s-fs, gone when that test ended: the
 /// likely cause of a first request once met with "connection refused" although the probe had
-/// connected, with the bed's own s3s-fs log empty (it had not yet reached its bind).
+/// connected, with the bed's own s3s-fs log empty (it had not yet reached its bind). It was met
+/// again with ports never handed out twice (CI, 2026-12-07): the other way a probe connects
+/// before s3s-fs listens is a connection to itself, which `wait_tcp` now rejects.
 fn free_port(ip: Ipv4Addr) -> u16 {
     static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
@@ -74,7 +76,7 @@ fn free_port(ip: Ipv4Addr) -> u16 {
 
 fn wait_tcp(addr: SocketAddr, timeout: Duration) {
     let deadline = Instant::now() + timeout;
-    while StdStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+    while !celld_store_proxy::listening::accepts(addr, Duration::from_millis(200)) {
         assert!(Instant::now() < deadline, "{addr} did not start listening");
         std::thread::sleep(Duration::from_millis(50));
     }
