@@ -152,10 +152,15 @@ bench-strict: control-plane store-tools
 	@echo "==> strict operations benchmark (median of 3 each; progress on stderr)"
 	$(CARGO) bench -p celld-operator --bench strict
 
-## bench-journal: journal benchmarks (criterion); medians are reported in issue notes.
+## bench-journal: journal benchmarks (criterion; medians are reported in issue notes), then the
+## mirror's memory and disk at 1,000 fleets as its history grows (journal/examples/mirror_memory.rs;
+## docs/operations.md "Sizing the journal mirror"), with the operator's cache bound and sled's own.
 bench-journal:
 	@echo "==> journal benchmarks (criterion)"
 	$(CARGO) bench -p celld-journal
+	@echo "==> journal mirror memory and disk, 1,000 fleets x 100 operations (~2 min each)"
+	$(CARGO) run --release -q -p celld-journal --example mirror_memory -- --fleets=1000 --operations=100 --every=20
+	$(CARGO) run --release -q -p celld-journal --example mirror_memory -- --fleets=1000 --operations=100 --every=20 --cache-bytes=1073741824
 
 ## bench-operator: pod-ready → next effect latency and API requests per operation, then the
 ## scale bed (100/500/1,000 fleets of 3 members, cached vs fresh-read design: start-up, at-rest

@@ -111,6 +111,11 @@ pub struct RunArgs {
     /// Mirror entries kept per fleet.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub journal_retention: u64,
+    /// Bound of the mirror's page cache in bytes (1 MiB..=1 GiB): sled keeps recently read and
+    /// written pages in memory up to this size (docs/operations.md "Sizing the journal mirror").
+    #[arg(long, default_value_t = journal::DEFAULT_CACHE_BYTES,
+          value_parser = clap::value_parser!(u64).range(1_048_576..=1_073_741_824))]
+    pub journal_cache_bytes: u64,
     /// `NAME[:N][:stop]`: exit with code 3 (or stop with SIGSTOP) the (N-th) time NAME is
     /// reached (needs --local-test).
     #[arg(long, value_parser = parse_fault_point)]
@@ -616,6 +621,26 @@ mod tests {
             Ok(_) => panic!("expected run"),
             Err(e) => Err(e.to_string()),
         }
+    }
+
+    #[test]
+    fn journal_cache_defaults_to_8_mib_and_is_bounded() {
+        let cache = |args: &[&str]| run_args(args).map(|run| run.journal_cache_bytes);
+        assert_eq!(cache(&["run"]), Ok(8 * 1024 * 1024));
+        assert_eq!(
+            cache(&["run", "--journal-cache-bytes=1048576"]),
+            Ok(1 << 20)
+        );
+        assert_eq!(
+            cache(&["run", "--journal-cache-bytes=1073741824"]),
+            Ok(1 << 30)
+        );
+        let err = cache(&["run", "--journal-cache-bytes=1048575"]).unwrap_err();
+        assert!(
+            err.contains("--journal-cache-bytes") && err.contains("1048576..=1073741824"),
+            "{err}"
+        );
+        assert!(cache(&["run", "--journal-cache-bytes=8MiB"]).is_err());
     }
 
     #[test]

@@ -492,6 +492,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &args.journal_dir,
         MirrorOptions {
             retention: args.journal_retention,
+            cache_bytes: args.journal_cache_bytes,
         },
     )
     .map_err(|e| anyhow::anyhow!("journal mirror {}: {e}", args.journal_dir.display()))?;

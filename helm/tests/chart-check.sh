@@ -43,6 +43,9 @@ reject "statusProgressInterval" --set statusProgressInterval=11s
 reject "statusProgressInterval" --set statusProgressInterval=500ms
 reject "statusProgressInterval" --set statusProgressInterval=1m
 reject "annotationBytes" --set journal.annotationBytes=200000
+reject "cacheBytes" --set journal.cacheBytes=1048575
+reject "cacheBytes" --set journal.cacheBytes=2147483648
+reject "cacheBytes" --set-string journal.cacheBytes=8Mi
 reject "fleetNamespaces" --set 'fleetNamespaces={Bad_NS}'
 reject "networkPolicyEnforced" --set-string networkPolicyEnforced=yes
 reject "additional" --set unknownKey=1
@@ -51,6 +54,7 @@ accept --set metrics.enabled=false --set metrics.port=8082
 accept --set memberReplacementDelay=1m
 accept --set watchNamespacesPerConnection=0 --set reconcileConcurrency=64
 accept --set mallocArenas=1
+accept --set journal.cacheBytes=1073741824
 accept --set statusProgressInterval=0s
 accept --set-string statusProgressInterval=0
 accept --set statusProgressInterval=10s

@@ -12,117 +12,11 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::{TimeZone, Utc};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use journal::*;
-use uuid::Uuid;
 
-const FLEET: &str = "5f0c9a6e-1b2c-4d3e-8f40-000000000001";
-
-fn op(n: u64) -> OperationId {
-    OperationId::from_uuid(Uuid::from_u128(0x4000_8000_0000 << 64 | u128::from(n)))
-}
-
-fn leader() -> Leader {
-    Leader {
-        identity: "celld-operator-0".into(),
-        lease_transitions: 4,
-        lease: None,
-    }
-}
-
-/// The entries of the `n`-th operation: a rolling restart or a Retire contraction, alternately.
-fn operation(n: u64) -> Vec<(OperationId, EntryBody)> {
-    let id = op(n);
-    let at = Utc.with_ymd_and_hms(2026, 11, 29, 10, 0, 0).unwrap();
-    let issued = |step: Step, replayed| {
-        EntryBody::Issued(Issued {
-            effect: Effect::new(id, step.clone()),
-            step,
-            decided_on_resource_version: Some(format!("{}", 1000 + n)),
-            result_resource_version: Some(format!("{}", 1001 + n)),
-            replayed,
-            target: None,
-        })
-    };
-    let mut intent = Intent {
-        kind: OperationKind::Restart,
-        from: 3,
-        to: 3,
-        token: Some(format!("token-{n}")),
-        image: None,
-        reason: None,
-        deadline: default_deadline(at, None),
-        targets: vec![],
-        workload_uid: Some("0b5e8a52-6c3e-4c1f-9d7a-2f3b4c5d6e7f".into()),
-        predecessor_effect: None,
-    };
-    let mut out = Vec::new();
-    if n.is_multiple_of(2) {
-        out.push((id, EntryBody::Intent(intent)));
-        out.push((id, issued(Step::Template, false)));
-    } else {
-        intent.kind = OperationKind::Scale;
-        intent.to = 2;
-        intent.token = None;
-        intent.targets = vec![Target {
-            pod: "beta-2".into(),
-            pod_uid: Some("7d1c0c1e-3f0b-4a53-a0c4-7a2a36f1f0c2".into()),
-            pod_ip: Some("10.42.0.17".into()),
-            runtime_generation: Some("9f2c4e1a7b".into()),
-            claim: Some("data-beta-2".into()),
-            claim_uid: Some("c0a8012e-55aa-4d0b-9f9e-3e1f2b4c6d8a".into()),
-            claim_resource_version: Some("81234".into()),
-        }];
-        out.push((id, EntryBody::Intent(intent)));
-        out.push((id, issued(Step::Proof("beta-2".into()), false)));
-        out.push((
-            id,
-            EntryBody::ProofCaptured(ProofCaptured {
-                member: "beta-2".into(),
-                proof: Proof {
-                    operation_id: id.to_string(),
-                    expected_generation: "9f2c4e1a7b".into(),
-                    phase: "data_safe".into(),
-                    control_only: true,
-                    blocker: None,
-                    observed_at: at,
-                },
-            }),
-        ));
-        out.push((id, issued(Step::Replicas, false)));
-        out.push((
-            id,
-            EntryBody::ClaimRetired(ClaimRetired {
-                claim: "data-beta-2".into(),
-                claim_uid: "c0a8012e-55aa-4d0b-9f9e-3e1f2b4c6d8a".into(),
-                claim_resource_version: Some("81234".into()),
-            }),
-        ));
-    }
-    out.push((
-        id,
-        EntryBody::Observed(Observed {
-            note: "rolled out".into(),
-        }),
-    ));
-    out.push((
-        id,
-        EntryBody::Completed(Completed {
-            outcome: CompletedOutcome::Succeeded,
-        }),
-    ));
-    out
-}
-
-fn new_entry(id: OperationId, body: EntryBody) -> NewEntry {
-    NewEntry {
-        at: Utc.with_ymd_and_hms(2026, 11, 29, 10, 0, 0).unwrap(),
-        op: id,
-        leader: leader(),
-        body,
-    }
-}
+mod fixture;
+use fixture::{chain_of, new_entry, operation, FLEET};
 
 /// A journal filled to its default budget (it has compacted before), and the next entry, whose
 /// append compacts again.
@@ -141,21 +35,6 @@ fn full_journal() -> (Journal, NewEntry) {
             journal = staged.into_journal();
         }
     }
-}
-
-/// A sealed chain of at least `count` entries.
-fn chain_of(count: usize) -> Vec<Entry> {
-    let mut out: Vec<Entry> = Vec::with_capacity(count + 8);
-    let mut n = 0;
-    while out.len() < count {
-        n += 1;
-        for (id, body) in operation(n) {
-            let (seq, prev) = out.last().map_or((0, Hash::ZERO), |e| (e.seq(), e.hash()));
-            out.push(chain::seal(seq, prev, new_entry(id, body)));
-        }
-    }
-    out.truncate(count);
-    out
 }
 
 fn decode_and_fold(c: &mut Criterion) {

@@ -216,7 +216,11 @@ fn an_append_that_contradicts_the_mirror_is_out_of_sync() {
 
 #[test]
 fn retention_keeps_the_newest_entries_per_fleet() {
-    let m = Mirror::temporary(MirrorOptions { retention: 10 }).unwrap();
+    let m = Mirror::temporary(MirrorOptions {
+        retention: 10,
+        ..MirrorOptions::default()
+    })
+    .unwrap();
     let w = history(6);
     for e in w.journal.entries() {
         m.append(FLEET, std::slice::from_ref(e)).unwrap();

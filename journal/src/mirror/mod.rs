@@ -14,6 +14,10 @@
 //! decided it is durable here too. Retention keeps the newest `retention` seqs of each fleet
 //! (entries with seq > head − retention).
 //!
+//! sled keeps the pages it reads and writes in its cache up to `cache_bytes`
+//! ([`MirrorOptions::cache_bytes`]); sled's own default, 1 GiB, would let an operator's memory
+//! grow with every entry it writes until that size.
+//!
 //! sled takes an exclusive lock on the directory: while the operator runs, the audit commands
 //! cannot open its mirror ([`MirrorError::Locked`]); copy the directory or stop the replica.
 
@@ -32,6 +36,9 @@ use plan::{plan_reconcile, DivergeReason, MirrorAction, ReconcilePlan};
 /// Default number of entries kept per fleet.
 pub const DEFAULT_RETENTION: u64 = 10_000;
 
+/// Default bound of sled's page cache, bytes (sled's own default is 1 GiB).
+pub const DEFAULT_CACHE_BYTES: u64 = 8 * 1024 * 1024;
+
 const MARKER_KEY: &[u8] = b"celld-journal-format";
 const MARKER_VALUE: &[u8] = b"celld-journal-mirror/v1";
 const FLEET_TREE_PREFIX: &str = "fleet/";
@@ -43,12 +50,17 @@ const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
 pub struct MirrorOptions {
     /// Entries kept per fleet (at least 1).
     pub retention: u64,
+    /// Bound of sled's page cache, bytes: the pages of entries recently read or written stay
+    /// in memory up to this size (sled's accounting is approximate). What sled keeps besides
+    /// (a record per page of every tree) is not bounded by it.
+    pub cache_bytes: u64,
 }
 
 impl Default for MirrorOptions {
     fn default() -> Self {
         MirrorOptions {
             retention: DEFAULT_RETENTION,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -258,7 +270,7 @@ impl Mirror {
             }
             Self::create_atomically(path)?;
         }
-        let db = Self::open_sled(path)?;
+        let db = Self::open_sled(path, options.cache_bytes)?;
         match db.get(MARKER_KEY)? {
             Some(v) if v.as_ref() == MARKER_VALUE => {}
             Some(v) => {
@@ -308,7 +320,7 @@ impl Mirror {
             std::fs::remove_dir_all(&staging).map_err(io)?;
         }
         {
-            let db = Self::open_sled(&staging)?;
+            let db = Self::open_sled(&staging, DEFAULT_CACHE_BYTES)?;
             db.insert(MARKER_KEY, MARKER_VALUE)?;
             db.flush()?;
         }
@@ -321,10 +333,10 @@ impl Mirror {
     /// the database, which can lag the last `Db` drop (seen as a flaky reopen in tests, and
     /// possible when a replica restarts in place). A lock still held after that is a live
     /// owner and reported as [`MirrorError::Locked`].
-    fn open_sled(path: &Path) -> Result<sled::Db, MirrorError> {
+    fn open_sled(path: &Path, cache_bytes: u64) -> Result<sled::Db, MirrorError> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
-            match Self::open_sled_once(path) {
+            match Self::open_sled_once(path, cache_bytes) {
                 Err(MirrorError::Locked { .. }) if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -333,8 +345,8 @@ impl Mirror {
         }
     }
 
-    fn open_sled_once(path: &Path) -> Result<sled::Db, MirrorError> {
-        let config = sled::Config::new().path(path);
+    fn open_sled_once(path: &Path, cache_bytes: u64) -> Result<sled::Db, MirrorError> {
+        let config = sled::Config::new().path(path).cache_capacity(cache_bytes);
         // sled 0.34 can panic instead of erroring on some damaged files.
         match catch_unwind(AssertUnwindSafe(|| config.open())) {
             Ok(Ok(db)) => Ok(db),
@@ -364,7 +376,10 @@ impl Mirror {
 
     /// A mirror in a temporary location that disappears when dropped (tests, benchmarks).
     pub fn temporary(options: MirrorOptions) -> Result<Mirror, MirrorError> {
-        let db = sled::Config::new().temporary(true).open()?;
+        let db = sled::Config::new()
+            .temporary(true)
+            .cache_capacity(options.cache_bytes)
+            .open()?;
         db.insert(MARKER_KEY, MARKER_VALUE)?;
         Self::from_db(db, options, None)
     }
