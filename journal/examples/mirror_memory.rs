@@ -17,7 +17,7 @@ mod fixture;
 use std::path::Path;
 use std::time::Instant;
 
-use journal::{chain, Entry, Hash, Mirror, MirrorOptions, Seq, DEFAULT_CACHE_BYTES};
+use journal::{Hash, Mirror, MirrorOptions, Seq, DEFAULT_CACHE_BYTES};
 
 struct Args {
     fleets: u32,
@@ -59,19 +59,6 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-/// A field of `/proc/self/status` in KiB (0 where there is none: not Linux).
-fn status_kib(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(field))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn disk_bytes(dir: &Path) -> u64 {
     let Ok(read) = std::fs::read_dir(dir) else {
         return 0;
@@ -86,14 +73,12 @@ fn disk_bytes(dir: &Path) -> u64 {
 }
 
 fn report(label: &str, dir: &Path, started: Instant) {
-    // SAFETY: malloc_trim(3) takes no pointer and only releases free heap pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    fixture::trim_heap();
+    let mib = |field| fixture::status_kib(field).unwrap_or(0) as f64 / 1024.0;
     println!(
         "{label:<36} {:>9.1} {:>9.1} {:>9.1} {:>8.1}",
-        status_kib("RssAnon:") as f64 / 1024.0,
-        status_kib("VmRSS:") as f64 / 1024.0,
+        mib("RssAnon:"),
+        mib("VmRSS:"),
         disk_bytes(dir) as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );
@@ -133,14 +118,8 @@ fn main() {
     let mut entries_per_fleet = 0u64;
     let mut json_bytes = 0u64;
     for n in 1..=args.operations {
-        let body = fixture::operation(n);
         for (i, head) in heads.iter_mut().enumerate() {
-            let mut sealed: Vec<Entry> = Vec::with_capacity(body.len());
-            for (id, b) in &body {
-                let entry = chain::seal(head.0, head.1, fixture::new_entry(*id, b.clone()));
-                *head = (entry.seq(), entry.hash());
-                sealed.push(entry);
-            }
+            let sealed = fixture::seal_operation(n, head);
             if i == 0 {
                 entries_per_fleet += sealed.len() as u64;
                 json_bytes += sealed.iter().map(|e| e.to_json().len() as u64).sum::<u64>();

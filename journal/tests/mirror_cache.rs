@@ -7,21 +7,12 @@
 #[path = "../benches/fixture/mod.rs"]
 mod fixture;
 
-use journal::{chain, Entry, Hash, Mirror, MirrorOptions, Seq, DEFAULT_CACHE_BYTES};
+use journal::{Hash, Mirror, MirrorOptions, Seq, DEFAULT_CACHE_BYTES};
 
 /// Anonymous resident memory of this process, KiB, after glibc returned its free pages.
 fn anon_kib() -> u64 {
-    // SAFETY: malloc_trim(3) takes no pointer and only releases free heap pages.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    status
-        .lines()
-        .find(|l| l.starts_with("RssAnon:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .expect("RssAnon in /proc/self/status")
+    fixture::trim_heap();
+    fixture::status_kib("RssAnon:").expect("RssAnon in /proc/self/status")
 }
 
 #[test]
@@ -37,16 +28,8 @@ fn writing_history_does_not_grow_the_mirror_past_its_cache_bound() {
     // One operation for every fleet first: the trees and sled's start-up buffers exist.
     let mut written = 0u64;
     let mut append_round = |n: u64, heads: &mut Vec<(Seq, Hash)>| {
-        let body = fixture::operation(n);
         for (i, head) in heads.iter_mut().enumerate() {
-            let sealed: Vec<Entry> = body
-                .iter()
-                .map(|(id, b)| {
-                    let e = chain::seal(head.0, head.1, fixture::new_entry(*id, b.clone()));
-                    *head = (e.seq(), e.hash());
-                    e
-                })
-                .collect();
+            let sealed = fixture::seal_operation(n, head);
             written += sealed.iter().map(|e| e.to_json().len() as u64).sum::<u64>();
             mirror.append(&fleet(i as u32), &sealed).unwrap();
         }
