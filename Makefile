@@ -30,7 +30,7 @@ help:
 deps:
 	@echo "==> checking build dependencies"
 	@missing=""; \
-	for tool in openssl:openssl curl:curl setsid:util-linux flock:util-linux promtool:prometheus; do \
+	for tool in openssl:openssl curl:curl setsid:util-linux flock:util-linux mount:mount promtool:prometheus strace:strace; do \
 	  command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; \
 	done; \
 	if [ -n "$$missing" ]; then \

@@ -118,6 +118,14 @@ async fn replay_mirror(ctx: &Ctx, apis: &[Api<CelldFleet>]) -> anyhow::Result<()
         };
         let plan = match mirror.reconcile(verified.document()) {
             Ok(plan) => plan,
+            Err(e @ journal::MirrorError::DiskFailed(_)) => {
+                let key = format!(
+                    "{}/{}",
+                    fleet.namespace().unwrap_or_default(),
+                    fleet.name_any()
+                );
+                exit_on_failed_mirror(&key, &e)
+            }
             Err(e) => {
                 tracing::warn!(fleet = %fleet.name_any(), error = %e, "mirror reconcile failed");
                 continue;
@@ -287,6 +295,9 @@ async fn reconcile_in_span(
                 reason: e.category().into(),
             })
             .inc();
+        if e.mirror_disk_failed() {
+            exit_on_failed_mirror(&format!("{ns}/{name}"), &e);
+        }
     }
     let next = result?;
     error_streak(&ctx, &format!("{ns}/{name}"), false);
@@ -297,6 +308,24 @@ async fn reconcile_in_span(
         Next::Later => Action::requeue(reconcile::LATER + jitter),
         Next::After(d) => Action::requeue(d),
     })
+}
+
+/// Exit code of a replica whose journal mirror's disk failed (docs/operations.md "A journal
+/// mirror write fails").
+pub const MIRROR_DISK_FAILED_EXIT: i32 = 4;
+
+/// The journal mirror's disk failed (full, or an I/O error): sled accepts no write after a
+/// failed one, even once the disk has room again, so this process can issue no effect until
+/// it opens the mirror again. It exits: the container restarts and reopens the mirror (the
+/// Lease's next holder, this replica or another, backfills it from the annotations before it
+/// reconciles). The entry that could not be mirrored is committed in the fleet's annotation
+/// and its effect was not issued.
+fn exit_on_failed_mirror(fleet: &str, error: &dyn std::fmt::Display) -> ! {
+    tracing::error!(fleet, error = %error, "the journal mirror's disk failed: exiting so that the mirror is opened again");
+    eprintln!(
+        "celld-operator: {fleet}: {error}; exiting with code {MIRROR_DISK_FAILED_EXIT} so that the mirror is opened again"
+    );
+    std::process::exit(MIRROR_DISK_FAILED_EXIT);
 }
 
 fn error_policy(fleet: Arc<CompactFleet>, error: &reconcile::Error, ctx: Arc<Ctx>) -> Action {
@@ -577,6 +606,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         })
         .collect();
     replay_mirror(&ctx, &apis).await?;
+    ctx.note_mirror_size();
     // The caches of every namespace with a fleet are listed before the first reconcile, so
     // a start reconciles settled fleets from them (bounded: a namespace whose watch is
     // refused reconciles from fresh reads and reports NamespaceAccessDenied).

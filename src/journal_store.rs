@@ -60,9 +60,11 @@ pub struct Committed {
     pub signals: Vec<journal::Signal>,
 }
 
-/// Makes sure the mirror holds every entry of `journal` before an effect is issued
+/// Makes sure the mirror holds every entry of `journal` on disk before an effect is issued
 /// (docs/journal.md "Where it lives"): a mirror write that failed after its annotation append
-/// committed is caught up here, or the effect waits.
+/// committed is caught up here, or the effect waits. A mirror that already holds the newest
+/// entry is flushed too: an append whose flush failed left its entries in sled's memory only
+/// (a flush with nothing to write costs nothing).
 pub fn ensure_mirrored(
     mirror: &Mirror,
     journal: &Journal,
@@ -72,6 +74,7 @@ pub fn ensure_mirrored(
         return Ok(Vec::new());
     }
     if mirror.head(journal.fleet_uid())?.map(|(seq, _)| seq) == Some(doc.seq()) {
+        mirror.flush()?;
         return Ok(Vec::new());
     }
     Ok(mirror.reconcile(doc)?.signals)

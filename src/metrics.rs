@@ -119,6 +119,8 @@ pub struct Metrics {
     pub stalled_operations: FleetGauge,
     /// Encoded journal size.
     pub journal_bytes: FleetGauge,
+    /// This replica's journal mirror on disk, bytes (set when it opens and after each append).
+    pub journal_mirror_disk_bytes: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// 1 while this replica holds the Lease.
     pub leader: Gauge<i64, std::sync::atomic::AtomicI64>,
     /// Failed reconciles by category.
@@ -200,6 +202,7 @@ impl Metrics {
             open_operations: Family::default(),
             stalled_operations: Family::default(),
             journal_bytes: Family::default(),
+            journal_mirror_disk_bytes: Gauge::default(),
             leader: Gauge::default(),
             reconcile_errors: Family::default(),
             reconcile_duration: Histogram::new(exponential_buckets(0.005, 2.0, 12)),
@@ -321,6 +324,11 @@ impl Metrics {
             "celld_journal_bytes",
             "encoded size of the journal annotation",
             m.journal_bytes.clone(),
+        );
+        r.register(
+            "celld_journal_mirror_disk_bytes",
+            "size on disk of this replica's local journal mirror (grows with the history held, up to --journal-retention entries per fleet)",
+            m.journal_mirror_disk_bytes.clone(),
         );
         r.register(
             "celld_operator_leader",

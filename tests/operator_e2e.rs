@@ -241,6 +241,14 @@ async fn bucket_fleet_grows_and_shrinks_one_member_at_a_time() {
         "{text}"
     );
     assert!(text.contains("celld_operator_leader 1"), "{text}");
+    // The leader's journal mirror on disk: sled's log holds at least one segment (its file
+    // ends one byte short of 512 KiB).
+    let mirror_bytes: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("celld_journal_mirror_disk_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(mirror_bytes >= 500_000, "{text}");
     // A reacting reconcile is timed from the watch event that triggered it (src/reaction.rs):
     // the growth's write at least, triggered by the fleet's own event; never more often than
     // the writes themselves are timed.
@@ -533,6 +541,175 @@ async fn scale_drills_issue_each_effect_exactly_once() {
     );
     let _op = Operator::start(None); // deletion needs a running operator
     cleanup(&client, ns).await;
+}
+
+/// A tmpfs mounted for the life of the value (the test bed runs as root), lazily unmounted.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "mounting a {size} tmpfs at {} failed (the test bed needs root): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs(dir.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// `strace` attached to every thread of a process, failing each of its `pwrite64` calls
+/// (sled's writes) with `errno`, as a full or failing disk does; detached when dropped.
+struct FailWrites(std::process::Child);
+
+impl FailWrites {
+    async fn attach(pid: u32, errno: &str, log: &std::path::Path) -> FailWrites {
+        let mut cmd = Command::new("strace");
+        cmd.args(["-f", "-qq", "-e", "trace=pwrite64", "-e"])
+            .arg(format!("inject=pwrite64:error={errno}"))
+            .arg("-o")
+            .arg(log);
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+            cmd.arg("-p").arg(task.unwrap().file_name());
+        }
+        let child = cmd
+            .spawn()
+            .expect("strace is installed by `make deps` (Debian package strace)");
+        // Attached once the traced threads show strace as their tracer.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            if status
+                .lines()
+                .any(|l| l.starts_with("TracerPid:") && l.split_whitespace().nth(1) != Some("0"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "strace did not attach to {pid}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        FailWrites(child)
+    }
+}
+
+impl Drop for FailWrites {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The leader's journal mirror on a volume's mount point (as the chart mounts it) whose
+/// writes start failing with ENOSPC, a full disk (docs/operations.md "A journal mirror write
+/// fails"). The growth's Intent commits to the annotation, the mirror cannot hold it, and
+/// sled accepts no write after a failed one: the replica exits with code 4 and issues no
+/// workload write. A replica started again (its disk fine) reopens the mirror, backfills it
+/// from the annotation and carries the growth out.
+#[tokio::test]
+async fn a_failed_mirror_disk_stops_effects_until_the_replica_reopens_it() {
+    let _guard = isolated().await;
+    let (c, client, ns) = setup("mfull").await;
+    let api: Api<CelldFleet> = Api::namespaced(client.clone(), &ns.name);
+    let sts = Api::<StatefulSet>::namespaced(client.clone(), &ns.name);
+    let journal_dir = test_dir().join("celld-operator-e2e/journal");
+    let disk = Tmpfs::mount(&journal_dir, "64m");
+    let mut op = Operator::start(None);
+    create_ready(
+        &api,
+        &fleet("phi", "PersistentFleet", 3, &unique_bucket("mf")),
+        3,
+    )
+    .await;
+    // Created in place on the mount point.
+    assert!(journal_dir.join("db").is_file() && journal_dir.join("conf").is_file());
+    until("the provision to close", 60, &api, "phi", || async {
+        let s = api.get("phi").await.ok()?.status?;
+        s.current_operation.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = celld_operator::journal_store::load(&api.get("phi").await.unwrap())
+        .unwrap()
+        .document()
+        .seq();
+    let writes = audit_writes(c, &ns.name, "statefulsets", "phi", None);
+    let strace = FailWrites::attach(op.pid(), "ENOSPC", &test_dir().join("strace.log")).await;
+    c.kubectl(&["-n", &ns.name, "scale", "celldfleet/phi", "--replicas=4"])
+        .unwrap();
+    assert_eq!(
+        op.exited(Duration::from_secs(60)).await,
+        4,
+        "the replica exits when its mirror's disk fails; log: {}",
+        op.log.display()
+    );
+    drop(strace);
+    let log = std::fs::read_to_string(&op.log).unwrap();
+    assert!(
+        log.contains("its disk failed") && log.contains("exiting with code 4"),
+        "{log}"
+    );
+    drop(op);
+    // The Intent committed; the mirror (reopened here: sled reads its log back) does not
+    // hold it; the workload was not written.
+    let committed = celld_operator::journal_store::load(&api.get("phi").await.unwrap()).unwrap();
+    let intent = committed
+        .document()
+        .entries()
+        .iter()
+        .find(|e| e.seq() > before && matches!(e.body(), journal::EntryBody::Intent(_)))
+        .map(|e| e.seq())
+        .expect("the growth's Intent committed");
+    let held = journal::Mirror::open_existing(&journal_dir)
+        .unwrap()
+        .head(committed.fleet_uid())
+        .unwrap()
+        .map_or(0, |(seq, _)| seq);
+    assert!(
+        held < intent,
+        "the mirror holds seq {held}, the Intent is {intent}"
+    );
+    assert_eq!(
+        sts.get("phi").await.unwrap().spec.and_then(|s| s.replicas),
+        Some(3)
+    );
+    assert_eq!(
+        audit_writes(c, &ns.name, "statefulsets", "phi", None),
+        writes,
+        "no workload write after an entry the mirror could not hold"
+    );
+    // A new process reopens the mirror and carries the growth out.
+    let mut op = Operator::start(None);
+    ready(&api, "phi", 4).await;
+    until("the growth to close", 60, &api, "phi", || async {
+        let s = api.get("phi").await.ok()?.status?;
+        s.current_operation.is_none().then_some(())
+    })
+    .await;
+    op.terminate(Duration::from_secs(30)).await;
+    drop(op);
+    let done = celld_operator::journal_store::load(&api.get("phi").await.unwrap()).unwrap();
+    let mirror = journal::Mirror::open_existing(&journal_dir).unwrap();
+    assert_eq!(
+        mirror.head(done.fleet_uid()).unwrap(),
+        Some((done.document().seq(), done.document().head())),
+        "the mirror holds the annotation's newest entry again"
+    );
+    drop(mirror);
+    let _op = Operator::start(None); // deletion needs a running operator
+    cleanup(&client, ns).await;
+    drop(disk);
 }
 
 /// Pause while an operation is in Intent cancels it before issue; no workload write.

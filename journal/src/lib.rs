@@ -83,8 +83,9 @@
 //! - **Format**: optional fields are omitted when absent and never empty; `null` is refused;
 //!   timestamps are written as RFC 3339 UTC (`Z`); the document envelope is written in the
 //!   key order of docs/journal.md "Format", entries in canonical form.
-//! - **Mirror**: new mirrors are created atomically with a format marker; a database without
-//!   it is refused, never adopted.
+//! - **Mirror**: new mirrors are created in place (the directory may be a mount point) with a
+//!   format marker, bracketed by [`mirror::CREATING`]; a database without the marker is
+//!   refused, never adopted, unless that file shows it is an interrupted creation of ours.
 #![deny(missing_docs)]
 
 mod journal;

@@ -35,18 +35,77 @@ fn a_missing_directory_becomes_a_new_mirror_that_reopens() {
 }
 
 #[test]
-fn an_empty_directory_becomes_a_new_mirror() {
-    let dir = tempfile::tempdir().unwrap();
-    Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
-    let siblings: Vec<_> = std::fs::read_dir(dir.path().parent().unwrap())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".creating-"))
-        .collect();
-    assert!(
-        siblings.is_empty(),
-        "the staging directory was renamed into place"
+fn an_empty_directory_becomes_a_new_mirror_in_place() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("journal");
+    std::fs::create_dir(&dir).unwrap();
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).unwrap());
+    Mirror::open(&dir, MirrorOptions::default()).unwrap();
+    // Created inside the directory (a volume's mount point cannot be replaced), nothing
+    // beside it (the parent may be a read-only root file system), no creation file left.
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&dir).unwrap()),
+        inode
     );
+    let beside: Vec<_> = std::fs::read_dir(parent.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(beside, vec![std::ffi::OsString::from("journal")]);
+    assert!(!dir.join(mirror::CREATING).exists());
+    let w = history(1);
+    Mirror::open(&dir, MirrorOptions::default())
+        .unwrap()
+        .append(FLEET, w.journal.entries())
+        .unwrap();
+}
+
+#[test]
+fn a_fresh_volumes_lost_and_found_is_not_content() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("lost+found")).unwrap();
+    let w = history(2);
+    Mirror::open(dir.path(), MirrorOptions::default())
+        .unwrap()
+        .append(FLEET, w.journal.entries())
+        .unwrap();
+    let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    assert_eq!(&m.entries(FLEET).unwrap(), w.journal.entries());
+    assert!(dir.path().join("lost+found").is_dir());
+}
+
+#[test]
+fn an_interrupted_creation_is_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // What a creation stopped before the marker leaves: its file and a sled database
+    // without the marker.
+    std::fs::write(dir.path().join(mirror::CREATING), b"").unwrap();
+    drop(sled::open(dir.path()).unwrap());
+    assert!(matches!(
+        Mirror::open_existing(dir.path()).unwrap_err(),
+        MirrorError::Io { .. }
+    ));
+    let w = history(1);
+    let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    m.append(FLEET, w.journal.entries()).unwrap();
+    drop(m);
+    assert!(!dir.path().join(mirror::CREATING).exists());
+    let m = Mirror::open_existing(dir.path()).unwrap();
+    assert_eq!(&m.entries(FLEET).unwrap(), w.journal.entries());
+}
+
+#[test]
+fn an_interrupted_creation_beside_other_files_is_refused_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(mirror::CREATING), b"").unwrap();
+    drop(sled::open(dir.path()).unwrap());
+    std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(
+        matches!(&e, MirrorError::ForeignDirectory { found, .. } if found == "notes.txt"),
+        "{e}"
+    );
+    assert!(dir.path().join("db").exists() && dir.path().join("notes.txt").exists());
 }
 
 #[test]
@@ -168,6 +227,45 @@ fn the_audit_does_not_create_a_mirror() {
 }
 
 // ---- appending ----
+
+#[test]
+fn a_failed_disk_is_told_apart_from_other_sled_errors() {
+    let full = MirrorError::from(sled::Error::Io(std::io::Error::from(
+        std::io::ErrorKind::StorageFull,
+    )));
+    assert!(matches!(full, MirrorError::DiskFailed(_)), "{full:?}");
+    assert!(full.to_string().contains("opened again"), "{full}");
+    let other = MirrorError::from(sled::Error::Unsupported("a feature".into()));
+    assert!(matches!(other, MirrorError::Sled(_)), "{other:?}");
+}
+
+#[test]
+fn its_size_on_disk_grows_with_the_history_it_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mirror::open(dir.path().join("journal"), MirrorOptions::default()).unwrap();
+    let empty = m.size_on_disk().unwrap();
+    // 2,000 entries, each operation mirrored as it commits (the annotation keeps only the
+    // newest): sled's log grows by whole segments (512 KiB).
+    let mut w = Writer::new();
+    for i in 1..=500 {
+        w.scale(op(i), 1, 2);
+        let held = m.head(FLEET).unwrap().map_or(0, |(seq, _)| seq);
+        let new: Vec<Entry> = w
+            .journal
+            .entries()
+            .iter()
+            .filter(|e| e.seq() > held)
+            .cloned()
+            .collect();
+        m.append(FLEET, &new).unwrap();
+    }
+    assert_eq!(m.head(FLEET).unwrap().map(|(seq, _)| seq), Some(2000));
+    let full = m.size_on_disk().unwrap();
+    assert!(
+        full >= empty + 500_000,
+        "size on disk {empty} -> {full} bytes after 2,000 entries"
+    );
+}
 
 #[test]
 fn appending_continues_the_chain_and_is_idempotent() {

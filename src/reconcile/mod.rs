@@ -120,6 +120,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// Publishes the mirror's size on disk (`celld_journal_mirror_disk_bytes`): a few file
+    /// metadata reads, after the mirror opens and after each committed append.
+    pub fn note_mirror_size(&self) {
+        if let Some(Ok(bytes)) = self.mirror.as_ref().map(Mirror::size_on_disk) {
+            self.metrics
+                .journal_mirror_disk_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+
     /// The fleet is no longer tracked by the watches (a reconcile found it gone).
     pub fn forgotten(&self, ns: &str, name: &str) -> bool {
         self.watches.as_ref().is_some_and(|w| !w.tracks(ns, name))
@@ -192,18 +202,33 @@ impl Error {
             } if s.code == 403 => "Forbidden",
             Error::Kube { .. } | Error::Refused(_) => "ApiError",
             Error::Append(journal_store::AppendError::Conflict(_)) => "Conflict",
+            Error::Append(journal_store::AppendError::Mirror(_)) => "JournalMirrorFailed",
             Error::Append(_) => "JournalAppendFailed",
             Error::Journal(_) => "JournalInvalid",
         }
     }
 }
 
+impl Error {
+    /// The local journal mirror's disk failed (`MirrorError::DiskFailed`): sled accepts no
+    /// write until the mirror is opened again, so no effect can be issued by this process.
+    pub fn mirror_disk_failed(&self) -> bool {
+        matches!(
+            self,
+            Error::Append(journal_store::AppendError::Mirror(
+                journal::MirrorError::DiskFailed(_)
+            ))
+        )
+    }
+}
+
 /// Every value [`Error::category`] returns.
-pub const ERROR_CATEGORIES: [&str; 5] = [
+pub const ERROR_CATEGORIES: [&str; 6] = [
     "Conflict",
     "Forbidden",
     "ApiError",
     "JournalAppendFailed",
+    "JournalMirrorFailed",
     "JournalInvalid",
 ];
 
@@ -659,6 +684,7 @@ impl Run<'_> {
             Err(e) => return Err(e.into()),
         };
         self.wrote_fleet(replaced.as_deref());
+        self.ctx.note_mirror_size();
         for entry in &committed.entries {
             tracing::info!(
                 fleet = %format!("{}/{}", self.ns, self.name),
@@ -1567,6 +1593,43 @@ mod refusal_tests {
             409,
             "because it is being terminated"
         )));
+    }
+}
+
+#[cfg(test)]
+mod mirror_tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    #[test]
+    fn a_mirror_write_that_failed_is_told_apart_from_other_append_failures() {
+        let mirror = Error::Append(journal_store::AppendError::Mirror(
+            journal::MirrorError::NotADirectory {
+                path: "/var/lib/celld-operator/journal".into(),
+            },
+        ));
+        assert_eq!(mirror.category(), "JournalMirrorFailed");
+        let incomplete = Error::Append(journal_store::AppendError::Incomplete("a resourceVersion"));
+        assert_eq!(incomplete.category(), "JournalAppendFailed");
+        for e in [&mirror, &incomplete] {
+            assert!(ERROR_CATEGORIES.contains(&e.category()), "{}", e.category());
+        }
+    }
+
+    #[tokio::test]
+    async fn the_mirror_size_on_disk_is_published() {
+        let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let mut ctx = pass_reads_tests::ctx(Client::new(service, "default"));
+        ctx.note_mirror_size();
+        assert_eq!(ctx.metrics.journal_mirror_disk_bytes.get(), 0, "no mirror");
+        let dir = tempfile::tempdir().unwrap();
+        let mirror = Mirror::open(dir.path().join("journal"), Default::default()).unwrap();
+        let bytes = mirror.size_on_disk().unwrap();
+        assert!(bytes > 0);
+        ctx.mirror = Some(mirror);
+        ctx.note_mirror_size();
+        assert_eq!(ctx.metrics.journal_mirror_disk_bytes.get(), bytes as i64);
     }
 }
 

@@ -44,6 +44,15 @@ const MARKER_VALUE: &[u8] = b"celld-journal-mirror/v1";
 const FLEET_TREE_PREFIX: &str = "fleet/";
 const DIVERGED_TREE: &str = "diverged";
 const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
+/// Present in a mirror's directory while [`Mirror::open`] creates it (see there).
+pub const CREATING: &str = ".celld-mirror-creating";
+/// What a freshly formatted ext2/3/4 volume holds at its root.
+const LOST_AND_FOUND: &str = "lost+found";
+
+/// Makes the directory's entries (a file created or removed) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
 
 /// Mirror settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +132,11 @@ pub enum MirrorError {
     /// A sled operation failed.
     #[error("journal mirror: {0}")]
     Sled(String),
+    /// Reading or writing the mirror's files failed (a full disk, an I/O error). sled accepts
+    /// no write after a failed one, even once the disk has room again: every later write and
+    /// flush of this `Mirror` fails the same way until the directory is opened again.
+    #[error("journal mirror: its disk failed ({0}); no write is accepted until the mirror is opened again")]
+    DiskFailed(String),
     /// A stored value is not a valid entry.
     #[error("journal mirror: fleet {fleet} entry at seq {seq} is unreadable: {error}")]
     CorruptEntry {
@@ -158,7 +172,10 @@ pub enum MirrorError {
 
 impl From<sled::Error> for MirrorError {
     fn from(e: sled::Error) -> Self {
-        MirrorError::Sled(e.to_string())
+        match e {
+            sled::Error::Io(_) => MirrorError::DiskFailed(e.to_string()),
+            e => MirrorError::Sled(e.to_string()),
+        }
     }
 }
 
@@ -212,10 +229,15 @@ fn validate_fleet_uid(fleet: &str) -> Result<(), MirrorError> {
 }
 
 impl Mirror {
-    /// Opens the mirror at `path`, creating it when the directory is absent or empty.
+    /// Opens the mirror at `path`, creating it when the directory is absent or empty
+    /// (`lost+found`, which a freshly formatted volume holds, does not count).
     ///
-    /// A new mirror is created in a sibling directory with its format marker and renamed into
-    /// place, so a mirror without the marker is never one of ours. Refuses a path that is a
+    /// A new mirror is created in place, so `path` may be a volume's mount point and its parent
+    /// read-only (the chart mounts the volume at `--journal-dir` under a read-only root file
+    /// system). The creation is bracketed by a file, [`CREATING`]: written before sled's
+    /// files, removed once the format marker is on disk. A creation that was interrupted
+    /// leaves it, and the next open removes what sled had written and creates the mirror
+    /// again; so a sled database without the marker is still never one of ours. Refuses a path that is a
     /// file, a non-empty directory that is not a sled database, a sled database without the
     /// marker, another format version, a database locked by another process, and damaged
     /// files — each with its own [`MirrorError`].
@@ -243,11 +265,17 @@ impl Mirror {
                     path: path.to_owned(),
                 });
             }
-            let names: Vec<String> = std::fs::read_dir(path)
-                .map_err(io)?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
+            let mut names = Self::names(path).map_err(io)?;
+            if names.iter().any(|n| n == CREATING) {
+                if !create {
+                    return Err(io(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "no journal mirror here (its creation was interrupted)",
+                    )));
+                }
+                Self::undo_creation(path, &names)?;
+                names = Self::names(path).map_err(io)?;
+            }
             let looks_like_sled = path.join("conf").is_file() && path.join("db").is_file();
             if !names.is_empty() && !looks_like_sled {
                 let mut shown: Vec<String> = names.into_iter().take(5).collect();
@@ -268,7 +296,7 @@ impl Mirror {
                     "no journal mirror here",
                 )));
             }
-            Self::create_atomically(path)?;
+            Self::create_in_place(path)?;
         }
         let db = Self::open_sled(path, options.cache_bytes)?;
         match db.get(MARKER_KEY)? {
@@ -302,30 +330,66 @@ impl Mirror {
         Self::from_db(db, options, Some(path.to_owned()))
     }
 
-    /// Creates a mirror with its marker in a sibling directory and renames it into place, so a
-    /// crash never leaves a half-created mirror at `path`.
-    fn create_atomically(path: &Path) -> Result<(), MirrorError> {
+    /// The names in `path`, `lost+found` left out.
+    fn names(path: &Path) -> std::io::Result<Vec<String>> {
+        Ok(std::fs::read_dir(path)?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != LOST_AND_FOUND)
+            .collect())
+    }
+
+    /// Creates a mirror with its marker in `path` (absent or empty), between the creation of
+    /// [`CREATING`] and its removal, each made durable with a sync of the directory.
+    fn create_in_place(path: &Path) -> Result<(), MirrorError> {
         let io = |source| MirrorError::Io {
             path: path.to_owned(),
             source,
         };
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "journal".to_owned());
-        let parent = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(parent).map_err(io)?;
-        let staging = parent.join(format!(".{name}.creating-{}", std::process::id()));
-        if staging.exists() {
-            std::fs::remove_dir_all(&staging).map_err(io)?;
-        }
+        std::fs::create_dir_all(path).map_err(io)?;
+        let sentinel = path.join(CREATING);
+        std::fs::File::create(&sentinel)
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        sync_dir(path).map_err(io)?;
         {
-            let db = Self::open_sled(&staging, DEFAULT_CACHE_BYTES)?;
+            let db = Self::open_sled(path, DEFAULT_CACHE_BYTES)?;
             db.insert(MARKER_KEY, MARKER_VALUE)?;
             db.flush()?;
         }
-        // rename(2) replaces an empty directory, so an existing empty `path` is fine too.
-        std::fs::rename(&staging, path).map_err(io)
+        std::fs::remove_file(&sentinel).map_err(io)?;
+        sync_dir(path).map_err(io)
+    }
+
+    /// Removes what an interrupted [`Self::create_in_place`] wrote: the directory was empty
+    /// when it began, so it holds only sled's files (`conf`, `db`, `snap.*`, `blobs`) and
+    /// [`CREATING`]. Anything else is someone's, and the directory is refused.
+    fn undo_creation(path: &Path, names: &[String]) -> Result<(), MirrorError> {
+        let io = |source| MirrorError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let sleds =
+            |n: &str| matches!(n, "conf" | "db" | "blobs" | CREATING) || n.starts_with("snap.");
+        let mut foreign: Vec<String> = names.iter().filter(|n| !sleds(n)).cloned().collect();
+        if !foreign.is_empty() {
+            foreign.sort();
+            foreign.truncate(5);
+            return Err(MirrorError::ForeignDirectory {
+                path: path.to_owned(),
+                found: foreign.join(", "),
+            });
+        }
+        for name in names.iter().filter(|n| n.as_str() != CREATING) {
+            let p = path.join(name);
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).map_err(io)?;
+            } else {
+                std::fs::remove_file(&p).map_err(io)?;
+            }
+        }
+        std::fs::remove_file(path.join(CREATING)).map_err(io)?;
+        sync_dir(path).map_err(io)
     }
 
     /// Opens the sled database, waiting up to 2 s for a lock held by a handle that is being
@@ -713,6 +777,12 @@ impl Mirror {
     pub fn flush(&self) -> Result<(), MirrorError> {
         self.db.flush()?;
         Ok(())
+    }
+
+    /// The mirror's size on disk in bytes (sled's log and snapshot files): it grows with the
+    /// history held, about 0.8 KB per entry (docs/operations.md "Sizing the journal mirror").
+    pub fn size_on_disk(&self) -> Result<u64, MirrorError> {
+        Ok(self.db.size_on_disk()?)
     }
 
     /// Rebuilds a mirror at `path` from annotation documents (each must verify). An existing
