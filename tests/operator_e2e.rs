@@ -581,9 +581,8 @@ impl FailWrites {
             .arg(format!("inject=pwrite64:error={errno}"))
             .arg("-o")
             .arg(log);
-        for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
-            cmd.arg("-p").arg(task.unwrap().file_name());
-        }
+        // With -f, strace attaches every thread of the process, and follows new ones.
+        cmd.arg("-p").arg(pid.to_string());
         let child = cmd
             .spawn()
             .expect("strace is installed by `make deps` (Debian package strace)");

@@ -85,7 +85,7 @@
 //!   key order of docs/journal.md "Format", entries in canonical form.
 //! - **Mirror**: new mirrors are created in place (the directory may be a mount point) with a
 //!   format marker, bracketed by [`mirror::CREATING`]; a database without the marker is
-//!   refused, never adopted, unless that file shows it is an interrupted creation of ours.
+//!   refused, never adopted, unless that file shows it is an interrupted creation, which is completed.
 #![deny(missing_docs)]
 
 mod journal;

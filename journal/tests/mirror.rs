@@ -75,7 +75,7 @@ fn a_fresh_volumes_lost_and_found_is_not_content() {
 }
 
 #[test]
-fn an_interrupted_creation_is_started_again() {
+fn an_interrupted_creation_is_completed() {
     let dir = tempfile::tempdir().unwrap();
     // What a creation stopped before the marker leaves: its file and a sled database
     // without the marker.
@@ -106,6 +106,24 @@ fn an_interrupted_creation_beside_other_files_is_refused_and_kept() {
         "{e}"
     );
     assert!(dir.path().join("db").exists() && dir.path().join("notes.txt").exists());
+}
+
+#[test]
+fn a_creation_file_beside_a_mirror_in_use_deletes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = history(1);
+    let live = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    live.append(FLEET, w.journal.entries()).unwrap();
+    std::fs::write(dir.path().join(mirror::CREATING), b"").unwrap();
+    let e = Mirror::open(dir.path(), MirrorOptions::default()).unwrap_err();
+    assert!(matches!(e, MirrorError::Locked { .. }), "{e}");
+    assert_eq!(&live.entries(FLEET).unwrap(), w.journal.entries());
+    drop(live);
+    // Its owner gone, the file is taken for an interrupted creation of that mirror: the
+    // marker is there, so the mirror opens with its entries.
+    let m = Mirror::open(dir.path(), MirrorOptions::default()).unwrap();
+    assert_eq!(&m.entries(FLEET).unwrap(), w.journal.entries());
+    assert!(!dir.path().join(mirror::CREATING).exists());
 }
 
 #[test]

@@ -236,8 +236,9 @@ impl Mirror {
     /// read-only (the chart mounts the volume at `--journal-dir` under a read-only root file
     /// system). The creation is bracketed by a file, [`CREATING`]: written before sled's
     /// files, removed once the format marker is on disk. A creation that was interrupted
-    /// leaves it, and the next open removes what sled had written and creates the mirror
-    /// again; so a sled database without the marker is still never one of ours. Refuses a path that is a
+    /// leaves it, and the next open completes it (the database holds nothing but what the
+    /// creation wrote); a sled database without the marker and without that file is still
+    /// never one of ours. Refuses a path that is a
     /// file, a non-empty directory that is not a sled database, a sled database without the
     /// marker, another format version, a database locked by another process, and damaged
     /// files — each with its own [`MirrorError`].
@@ -265,7 +266,7 @@ impl Mirror {
                     path: path.to_owned(),
                 });
             }
-            let mut names = Self::names(path).map_err(io)?;
+            let names = Self::names(path).map_err(io)?;
             if names.iter().any(|n| n == CREATING) {
                 if !create {
                     return Err(io(std::io::Error::new(
@@ -273,19 +274,20 @@ impl Mirror {
                         "no journal mirror here (its creation was interrupted)",
                     )));
                 }
-                Self::undo_creation(path, &names)?;
-                names = Self::names(path).map_err(io)?;
+                Self::finish_creation(path, &names)?;
+                false
+            } else {
+                let looks_like_sled = path.join("conf").is_file() && path.join("db").is_file();
+                if !names.is_empty() && !looks_like_sled {
+                    let mut shown: Vec<String> = names.into_iter().take(5).collect();
+                    shown.sort();
+                    return Err(MirrorError::ForeignDirectory {
+                        path: path.to_owned(),
+                        found: shown.join(", "),
+                    });
+                }
+                names.is_empty()
             }
-            let looks_like_sled = path.join("conf").is_file() && path.join("db").is_file();
-            if !names.is_empty() && !looks_like_sled {
-                let mut shown: Vec<String> = names.into_iter().take(5).collect();
-                shown.sort();
-                return Err(MirrorError::ForeignDirectory {
-                    path: path.to_owned(),
-                    found: shown.join(", "),
-                });
-            }
-            names.is_empty()
         } else {
             true
         };
@@ -347,24 +349,20 @@ impl Mirror {
             source,
         };
         std::fs::create_dir_all(path).map_err(io)?;
-        let sentinel = path.join(CREATING);
-        std::fs::File::create(&sentinel)
+        std::fs::File::create(path.join(CREATING))
             .and_then(|f| f.sync_all())
             .map_err(io)?;
         sync_dir(path).map_err(io)?;
-        {
-            let db = Self::open_sled(path, DEFAULT_CACHE_BYTES)?;
-            db.insert(MARKER_KEY, MARKER_VALUE)?;
-            db.flush()?;
-        }
-        std::fs::remove_file(&sentinel).map_err(io)?;
-        sync_dir(path).map_err(io)
+        Self::finish_creation(path, &[CREATING.to_owned()])
     }
 
-    /// Removes what an interrupted [`Self::create_in_place`] wrote: the directory was empty
-    /// when it began, so it holds only sled's files (`conf`, `db`, `snap.*`, `blobs`) and
-    /// [`CREATING`]. Anything else is someone's, and the directory is refused.
-    fn undo_creation(path: &Path, names: &[String]) -> Result<(), MirrorError> {
+    /// Completes a creation begun by [`Self::create_in_place`] (now, or by a process that
+    /// stopped before it removed [`CREATING`]): the directory was empty when it began, so it
+    /// holds only sled's files (`conf`, `db`, `snap.*`, `blobs`), and the database holds
+    /// nothing or the marker. Anything else is someone's, and is refused and left as it is.
+    /// sled's lock keeps out a process that is creating it right now
+    /// ([`MirrorError::Locked`]).
+    fn finish_creation(path: &Path, names: &[String]) -> Result<(), MirrorError> {
         let io = |source| MirrorError::Io {
             path: path.to_owned(),
             source,
@@ -380,13 +378,31 @@ impl Mirror {
                 found: foreign.join(", "),
             });
         }
-        for name in names.iter().filter(|n| n.as_str() != CREATING) {
-            let p = path.join(name);
-            if p.is_dir() {
-                std::fs::remove_dir_all(&p).map_err(io)?;
-            } else {
-                std::fs::remove_file(&p).map_err(io)?;
+        {
+            let db = Self::open_sled(path, DEFAULT_CACHE_BYTES)?;
+            match db.get(MARKER_KEY)? {
+                Some(v) if v.as_ref() == MARKER_VALUE => {}
+                Some(v) => {
+                    return Err(MirrorError::UnsupportedFormat {
+                        path: path.to_owned(),
+                        found: String::from_utf8_lossy(&v).into_owned(),
+                    })
+                }
+                None if db.is_empty()
+                    && db
+                        .tree_names()
+                        .iter()
+                        .all(|n| n.as_ref() == SLED_DEFAULT_TREE) =>
+                {
+                    db.insert(MARKER_KEY, MARKER_VALUE)?;
+                }
+                None => {
+                    return Err(MirrorError::NotAMirror {
+                        path: path.to_owned(),
+                    })
+                }
             }
+            db.flush()?;
         }
         std::fs::remove_file(path.join(CREATING)).map_err(io)?;
         sync_dir(path).map_err(io)
