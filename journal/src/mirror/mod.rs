@@ -301,35 +301,42 @@ impl Mirror {
             Self::create_in_place(path)?;
         }
         let db = Self::open_sled(path, options.cache_bytes)?;
+        if !Self::has_marker(&db, path)? {
+            // Mirrors get their marker before their creation file is removed (see
+            // `create_in_place`), so an empty database without either was never one of ours —
+            // or was damaged so badly that sled recovered it to nothing. Either way it is not
+            // silently taken over.
+            return Err(MirrorError::Corrupt {
+                path: path.to_owned(),
+                message: "the database holds nothing, not even the format marker".to_owned(),
+            });
+        }
+        Self::from_db(db, options, Some(path.to_owned()))
+    }
+
+    /// Whether `db` carries this format's marker (`true`) or holds nothing at all (`false`,
+    /// a database sled has just created). Another format's marker is
+    /// [`MirrorError::UnsupportedFormat`]; content without a marker is
+    /// [`MirrorError::NotAMirror`].
+    fn has_marker(db: &sled::Db, path: &Path) -> Result<bool, MirrorError> {
         match db.get(MARKER_KEY)? {
-            Some(v) if v.as_ref() == MARKER_VALUE => {}
-            Some(v) => {
-                return Err(MirrorError::UnsupportedFormat {
-                    path: path.to_owned(),
-                    found: String::from_utf8_lossy(&v).into_owned(),
-                })
-            }
-            // Mirrors are created complete (see `create_atomically`), so a database without
-            // the marker was never one of ours — or was damaged so badly that sled recovered it
-            // to nothing. Either way it is not silently taken over.
+            Some(v) if v.as_ref() == MARKER_VALUE => Ok(true),
+            Some(v) => Err(MirrorError::UnsupportedFormat {
+                path: path.to_owned(),
+                found: String::from_utf8_lossy(&v).into_owned(),
+            }),
             None if db.is_empty()
                 && db
                     .tree_names()
                     .iter()
                     .all(|n| n.as_ref() == SLED_DEFAULT_TREE) =>
             {
-                return Err(MirrorError::Corrupt {
-                    path: path.to_owned(),
-                    message: "the database holds nothing, not even the format marker".to_owned(),
-                })
+                Ok(false)
             }
-            None => {
-                return Err(MirrorError::NotAMirror {
-                    path: path.to_owned(),
-                })
-            }
+            None => Err(MirrorError::NotAMirror {
+                path: path.to_owned(),
+            }),
         }
-        Self::from_db(db, options, Some(path.to_owned()))
     }
 
     /// The names in `path`, `lost+found` left out.
@@ -380,27 +387,8 @@ impl Mirror {
         }
         {
             let db = Self::open_sled(path, DEFAULT_CACHE_BYTES)?;
-            match db.get(MARKER_KEY)? {
-                Some(v) if v.as_ref() == MARKER_VALUE => {}
-                Some(v) => {
-                    return Err(MirrorError::UnsupportedFormat {
-                        path: path.to_owned(),
-                        found: String::from_utf8_lossy(&v).into_owned(),
-                    })
-                }
-                None if db.is_empty()
-                    && db
-                        .tree_names()
-                        .iter()
-                        .all(|n| n.as_ref() == SLED_DEFAULT_TREE) =>
-                {
-                    db.insert(MARKER_KEY, MARKER_VALUE)?;
-                }
-                None => {
-                    return Err(MirrorError::NotAMirror {
-                        path: path.to_owned(),
-                    })
-                }
+            if !Self::has_marker(&db, path)? {
+                db.insert(MARKER_KEY, MARKER_VALUE)?;
             }
             db.flush()?;
         }
