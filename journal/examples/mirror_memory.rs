@@ -1,6 +1,7 @@
 //! How the mirror's memory and disk grow with the history it holds, at the operator's scale:
 //! `cargo run --release -p celld-journal --example mirror_memory -- [--fleets=1000]
-//! [--operations=60] [--every=10] [--cache-bytes=8388608] [--retention=10000] [--dir=PATH]`
+//! [--operations=60] [--every=10] [--cache-bytes=8388608] [--retention=10000]
+//! [--live-entries=256] [--dir=PATH]`
 //! (`make bench-mirror` runs it with the operator's defaults and with sled's own cache bound).
 //!
 //! One sled mirror on disk, `--fleets` fleets, each given `--operations` operations in rounds
@@ -52,6 +53,7 @@ fn parse() -> Result<Args, String> {
             "--every" => args.every = number()?.max(1),
             "--cache-bytes" => args.options.cache_bytes = number()?,
             "--retention" => args.options.retention = number()?,
+            "--live-entries" => args.options.live_entries = number()?,
             "--dir" => args.dir = Some(value.into()),
             _ => return Err(format!("unknown option {key}")),
         }
@@ -100,11 +102,12 @@ fn main() {
     let fleet = |i: u32| format!("5f0c9a6e-1b2c-4d3e-8f40-{i:012}");
     println!(
         "mirror: {} fleets, {} operations each, cache_bytes {} (default {DEFAULT_CACHE_BYTES}), \
-         retention {}, {}",
+         retention {}, live entries {}, {}",
         args.fleets,
         args.operations,
         args.options.cache_bytes,
         args.options.retention,
+        args.options.live_entries,
         dir.display()
     );
     println!(

@@ -123,6 +123,9 @@ pub use fold::{
 };
 pub use journal::{Journal, LoadError, MarkerCheck, StageError, Staged};
 pub use mirror::plan::{plan_reconcile, DivergeReason, MirrorAction, ReconcilePlan, Signal};
-pub use mirror::{Mirror, MirrorError, MirrorOptions, DEFAULT_CACHE_BYTES, DEFAULT_RETENTION};
+pub use mirror::{
+    Mirror, MirrorError, MirrorOptions, DEFAULT_CACHE_BYTES, DEFAULT_LIVE_ENTRIES,
+    DEFAULT_RETENTION,
+};
 pub use model::*;
 pub use projection::{CurrentOperation, JournalStatus, RecentOperation, StatusProjection};

@@ -652,6 +652,348 @@ fn a_corrupt_stored_entry_is_reported_with_its_seq() {
     assert!(matches!(e, MirrorError::CorruptEntry { seq: 2, .. }), "{e}");
 }
 
+// ---- the archive (older entries out of sled) ----
+
+fn small(live_entries: u64) -> MirrorOptions {
+    MirrorOptions {
+        live_entries,
+        ..MirrorOptions::default()
+    }
+}
+
+/// Appends `ops` Scale operations to `m` as they commit (4 entries each, mirrored one
+/// operation at a time, as the operator does), and returns every entry written.
+fn grow(m: &Mirror, w: &mut Writer, ops: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
+    let mut all = Vec::new();
+    for i in ops {
+        let held = m.head(FLEET).unwrap().map_or(0, |(seq, _)| seq);
+        w.scale(op(i), 1, 2);
+        let new: Vec<Entry> = w
+            .journal
+            .entries()
+            .iter()
+            .filter(|e| e.seq() > held)
+            .cloned()
+            .collect();
+        m.append(FLEET, &new).unwrap();
+        all.extend(new);
+    }
+    all
+}
+
+fn segments(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("archive").join(FLEET))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn sled_held(dir: &std::path::Path) -> (usize, String) {
+    let db = common::open_sled(dir);
+    let n = db.open_tree(format!("fleet/{FLEET}")).unwrap().len();
+    let marker = db
+        .get("celld-journal-format")
+        .unwrap()
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .unwrap_or_default();
+    (n, marker)
+}
+
+#[test]
+fn older_entries_move_to_archive_segments_and_read_back_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Writer::new();
+    let all = {
+        let m = Mirror::open(dir.path(), small(8)).unwrap();
+        let all = grow(&m, &mut w, 1..=20);
+        assert_eq!(all.len(), 80);
+        assert_eq!(m.entries(FLEET).unwrap(), all);
+        assert_eq!(m.entries_from(FLEET, 30).unwrap(), all[29..].to_vec());
+        assert_eq!(m.head(FLEET).unwrap(), Some((80, all[79].hash())));
+        all
+    };
+    // sled holds at most 8 of them; segments (all but the newest quarter each time sled held
+    // more than 8) hold the rest, one entry per line, named by their first seq.
+    let (held, marker) = sled_held(dir.path());
+    assert!((2..=8).contains(&held), "sled holds {held}");
+    assert_eq!(marker, "celld-journal-mirror/v2");
+    let names = segments(dir.path());
+    assert!(names.len() >= 8, "{names:?}");
+    let mut lines = Vec::new();
+    for name in &names {
+        let text =
+            std::fs::read_to_string(dir.path().join("archive").join(FLEET).join(name)).unwrap();
+        let first: Seq = name.trim_end_matches(".jsonl").parse().unwrap();
+        assert_eq!(first as usize, lines.len() + 1, "{name}");
+        lines.extend(text.lines().map(str::to_owned));
+    }
+    assert_eq!(lines.len(), 80 - held);
+    assert_eq!(
+        lines,
+        all[..80 - held]
+            .iter()
+            .map(|e| e.to_json())
+            .collect::<Vec<_>>()
+    );
+    // Reopened: the same history, and the chain verifies across segments and sled.
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    let read = m.entries(FLEET).unwrap();
+    assert_eq!(read, all);
+    chain::verify_entries(&read, Some((0, Hash::ZERO))).unwrap();
+    // The annotation agrees: nothing to do, and the archive is not read for it.
+    assert!(m.reconcile(w.journal.document()).unwrap().is_empty());
+}
+
+#[test]
+fn a_mirror_says_v1_until_its_first_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Writer::new();
+    {
+        let m = Mirror::open(dir.path(), small(8)).unwrap();
+        grow(&m, &mut w, 1..=2);
+    }
+    // An operator that reads v1 only can still open it.
+    assert_eq!(
+        sled_held(dir.path()),
+        (8, "celld-journal-mirror/v1".to_owned())
+    );
+    assert!(segments(dir.path()).is_empty());
+    {
+        let m = Mirror::open(dir.path(), small(8)).unwrap();
+        grow(&m, &mut w, 3..=3);
+    }
+    assert_eq!(sled_held(dir.path()).1, "celld-journal-mirror/v2");
+    assert_eq!(segments(dir.path()).len(), 1);
+}
+
+#[test]
+fn a_v1_mirror_with_a_long_history_is_archived_at_its_next_append() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Writer::new();
+    // Written by an operator before the archive: everything in sled.
+    let mut all = {
+        let m = Mirror::open(dir.path(), small(1_000)).unwrap();
+        grow(&m, &mut w, 1..=30)
+    };
+    assert_eq!(
+        sled_held(dir.path()),
+        (120, "celld-journal-mirror/v1".to_owned())
+    );
+    {
+        let m = Mirror::open(dir.path(), small(16)).unwrap();
+        all.extend(grow(&m, &mut w, 31..=31));
+        assert_eq!(m.entries(FLEET).unwrap(), all);
+    }
+    let (held, marker) = sled_held(dir.path());
+    assert_eq!((held, marker.as_str()), (4, "celld-journal-mirror/v2"));
+    assert_eq!(segments(dir.path()).len(), 1);
+}
+
+#[test]
+fn retention_removes_archived_segments_once_all_their_entries_are_older() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mirror::open(
+        dir.path(),
+        MirrorOptions {
+            retention: 40,
+            ..small(8)
+        },
+    )
+    .unwrap();
+    let mut w = Writer::new();
+    let all = grow(&m, &mut w, 1..=50);
+    let kept = m.entries(FLEET).unwrap();
+    // At least the newest 40, at most one segment (6) more; contiguous up to the head.
+    assert!((40..=46).contains(&kept.len()), "kept {}", kept.len());
+    assert_eq!(kept, all[all.len() - kept.len()..].to_vec());
+    assert!(
+        segments(dir.path()).len() <= 7,
+        "{:?}",
+        segments(dir.path())
+    );
+    // A smaller retention at the next start trims the archive at the next append.
+    drop(m);
+    let m = Mirror::open(
+        dir.path(),
+        MirrorOptions {
+            retention: 10,
+            ..small(8)
+        },
+    )
+    .unwrap();
+    let all = [all, grow(&m, &mut w, 51..=51)].concat();
+    let kept = m.entries(FLEET).unwrap();
+    assert!((10..=16).contains(&kept.len()), "kept {}", kept.len());
+    assert_eq!(kept, all[all.len() - kept.len()..].to_vec());
+}
+
+#[test]
+fn a_rollback_into_the_archive_sets_the_archived_entries_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    let mut w = Writer::new();
+    let all = grow(&m, &mut w, 1..=20);
+    // A backup from seq 31 was restored: the annotation ends there.
+    let restored = Journal::load(
+        Some(&document_text(FLEET, (0, Hash::ZERO), &all[..31])),
+        FLEET,
+    )
+    .unwrap();
+    let plan = m.reconcile(restored.document()).unwrap();
+    assert_eq!(
+        plan.signals,
+        vec![Signal::JournalRollback {
+            annotation_seq: 31,
+            mirror_seq: 80
+        }]
+    );
+    assert_eq!(m.entries(FLEET).unwrap(), all[..31].to_vec());
+    let aside = m.diverged(FLEET).unwrap();
+    assert_eq!(
+        aside.iter().map(|d| d.entry.seq()).collect::<Vec<_>>(),
+        (32..=80).collect::<Vec<_>>()
+    );
+    assert!(aside.iter().all(|d| d.reason == DivergeReason::Rollback));
+    assert_eq!(aside[0].entry, all[31]);
+    // The segment that held seq 31 was cut there; nothing after it is left in the archive.
+    let names = segments(dir.path());
+    let last = std::fs::read_to_string(
+        dir.path()
+            .join("archive")
+            .join(FLEET)
+            .join(names.last().unwrap()),
+    )
+    .unwrap();
+    assert_eq!(last.lines().last().unwrap(), all[30].to_json());
+    // The restored journal goes on from 31, and reads back as one chain after a reopen.
+    let mut next = Writer {
+        journal: restored,
+        budget: Budget::default(),
+        minute: 100,
+    };
+    let held = m.head(FLEET).unwrap().unwrap().0;
+    next.push(op(8), completed(CompletedOutcome::Succeeded));
+    let new: Vec<Entry> = next
+        .journal
+        .entries()
+        .iter()
+        .filter(|e| e.seq() > held)
+        .cloned()
+        .collect();
+    m.append(FLEET, &new).unwrap();
+    drop(m);
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    let read = m.entries(FLEET).unwrap();
+    assert_eq!(read.len(), 32);
+    chain::verify_entries(&read, Some((0, Hash::ZERO))).unwrap();
+}
+
+#[test]
+fn a_mismatch_at_the_compaction_boundary_moves_archived_history_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    // The mirror holds another journal's 80 entries; the annotation (compacted) disagrees at
+    // its compaction boundary, which is inside the archive.
+    let mut other = Writer::new();
+    let theirs_held = grow(&m, &mut other, 100..=139);
+    let mut w = Writer::with_budget(Budget::new(32 * 1024).unwrap());
+    for n in 1..=40 {
+        w.scale(op(n), 1, 2);
+    }
+    let doc = w.journal.document();
+    let ct = doc.compacted_through();
+    assert!(ct > 8 && ct < 150, "compacted through {ct}");
+    let plan = m.reconcile(doc).unwrap();
+    assert_eq!(plan.signals[0], Signal::JournalDiverged { first_seq: ct });
+    // Every entry the mirror held is aside (once), and what it holds now is the annotation's.
+    let mut aside: Vec<Seq> = m
+        .diverged(FLEET)
+        .unwrap()
+        .iter()
+        .map(|d| d.entry.seq())
+        .collect();
+    aside.sort();
+    assert_eq!(aside, (1..=160).collect::<Vec<_>>());
+    assert_eq!(aside.len(), theirs_held.len());
+    assert_eq!(&m.entries(FLEET).unwrap(), doc.entries());
+}
+
+#[test]
+fn a_reset_sets_archived_entries_aside_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    let mut w = Writer::new();
+    grow(&m, &mut w, 1..=20);
+    assert_eq!(m.set_aside(FLEET).unwrap(), 80);
+    assert!(m.entries(FLEET).unwrap().is_empty());
+    assert_eq!(m.head(FLEET).unwrap(), None);
+    assert!(segments(dir.path()).is_empty());
+    assert_eq!(m.diverged(FLEET).unwrap().len(), 80);
+    // A new journal starts again at seq 1.
+    let mut fresh = Writer::new();
+    let new = grow(&m, &mut fresh, 1..=1);
+    assert_eq!(m.entries(FLEET).unwrap(), new);
+}
+
+#[test]
+fn an_archiving_interrupted_before_sled_let_go_counts_each_entry_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Writer::new();
+    let mut all = {
+        let m = Mirror::open(dir.path(), small(8)).unwrap();
+        grow(&m, &mut w, 1..=10)
+    };
+    // What a crash after a segment's rename and before sled's removal leaves: sled still
+    // holds the newest segment's entries.
+    let newest: usize = segments(dir.path())
+        .last()
+        .unwrap()
+        .trim_end_matches(".jsonl")
+        .parse()
+        .unwrap();
+    assert!(newest > 1);
+    {
+        let db = common::open_sled(dir.path());
+        let tree = db.open_tree(format!("fleet/{FLEET}")).unwrap();
+        for e in &all[newest - 1..] {
+            tree.insert(e.seq().to_be_bytes(), e.to_json().as_bytes())
+                .unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    assert_eq!(m.entries(FLEET).unwrap(), all);
+    all.extend(grow(&m, &mut w, 11..=12));
+    assert_eq!(m.entries(FLEET).unwrap(), all);
+    drop(m);
+    assert!(sled_held(dir.path()).0 <= 8);
+}
+
+#[test]
+fn a_damaged_segment_is_reported_with_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let m = Mirror::open(dir.path(), small(8)).unwrap();
+        grow(&m, &mut Writer::new(), 1..=5);
+    }
+    let second = segments(dir.path())[1].clone();
+    let seg = dir.path().join("archive").join(FLEET).join(&second);
+    let text = std::fs::read_to_string(&seg).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.swap(1, 2);
+    std::fs::write(&seg, lines.join("\n")).unwrap();
+    let m = Mirror::open(dir.path(), small(8)).unwrap();
+    let e = m.entries(FLEET).unwrap_err();
+    assert!(
+        matches!(e, MirrorError::CorruptEntry { .. }) && e.to_string().contains(&second),
+        "{e}"
+    );
+}
+
 trait CloneForTest {
     fn clone_for_test(&self) -> Writer;
 }

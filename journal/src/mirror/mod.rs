@@ -2,17 +2,23 @@
 //! seen, including those compacted out of the annotation. A rebuildable cache and an audit
 //! archive, never the authority.
 //!
-//! Layout (format `celld-journal-mirror/v1`):
+//! Layout (format `celld-journal-mirror/v2`; `v1` is the same without `archive/`):
 //! - default tree, key `celld-journal-format`: the format marker. A directory without it is not
-//!   opened (it is someone else's data, or not a sled database at all);
-//! - tree `fleet/<fleet UID>`: key = seq as 8 big-endian bytes, value = the entry's canonical
-//!   JSON exactly as in the annotation (hash included);
+//!   opened (it is someone else's data, or not a sled database at all). A new mirror says `v1`
+//!   and becomes `v2` just before its first archive segment is written, so an operator that
+//!   reads only v1 can open it until then;
+//! - tree `fleet/<fleet UID>`: each fleet's newest entries
+//!   ([`MirrorOptions::live_entries`]): key = seq as 8 big-endian bytes, value = the entry's
+//!   canonical JSON exactly as in the annotation (hash included);
+//! - `archive/<fleet UID>/<first seq>.jsonl`: older entries, one per line, in segment files
+//!   (see the `archive` module: sled's memory grows with the entries it holds, files' does not);
 //! - tree `diverged`: key = fleet UID, a zero byte, seq (8 bytes BE), a unique id (8 bytes BE);
-//!   value = `{"entry":<entry JSON>,"reason":"Diverged"|"Rollback"}`.
+//!   value = `{"entry":<entry JSON>,"reason":"Diverged"|"Rollback"|"Reset"}`.
 //!
 //! Every write ends with a flush: the operator must not issue an effect before the entry that
 //! decided it is durable here too. Retention keeps the newest `retention` seqs of each fleet
-//! (entries with seq > head − retention).
+//! (entries with seq > head − retention; in the archive, whole segments, so up to
+//! `live_entries` more).
 //!
 //! sled keeps the pages it reads and writes in its cache up to `cache_bytes`
 //! ([`MirrorOptions::cache_bytes`]); sled's own default, 1 GiB, would let an operator's memory
@@ -21,26 +27,36 @@
 //! sled takes an exclusive lock on the directory: while the operator runs, the audit commands
 //! cannot open its mirror ([`MirrorError::Locked`]); copy the directory or stop the replica.
 
+mod archive;
 pub mod plan;
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::chain;
 use crate::codec::{decode_entry, DecodeError, Document};
 use crate::model::{Entry, Hash, Seq};
+use archive::{Archive, Segment};
 use plan::{plan_reconcile, DivergeReason, MirrorAction, ReconcilePlan};
 
 /// Default number of entries kept per fleet.
 pub const DEFAULT_RETENTION: u64 = 10_000;
 
+/// Default number of each fleet's newest entries held in sled; older ones are archived.
+pub const DEFAULT_LIVE_ENTRIES: u64 = 256;
+
 /// Default bound of sled's page cache, bytes (sled's own default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 8 * 1024 * 1024;
 
 const MARKER_KEY: &[u8] = b"celld-journal-format";
-const MARKER_VALUE: &[u8] = b"celld-journal-mirror/v1";
+/// A mirror without an archive (what operators before the archive wrote, and what a new mirror
+/// is until its first segment): still written by this version, so an older operator can open it.
+const MARKER_V1: &[u8] = b"celld-journal-mirror/v1";
+/// A mirror with an archive: written before its first segment.
+const MARKER_V2: &[u8] = b"celld-journal-mirror/v2";
 const FLEET_TREE_PREFIX: &str = "fleet/";
 const DIVERGED_TREE: &str = "diverged";
 const SLED_DEFAULT_TREE: &[u8] = b"__sled__default";
@@ -63,6 +79,11 @@ pub struct MirrorOptions {
     /// in memory up to this size (sled's accounting is approximate). What sled keeps besides
     /// (a record per page of every tree) is not bounded by it.
     pub cache_bytes: u64,
+    /// Each fleet's newest entries held in sled (at least 4). When a fleet holds more, all but
+    /// the newest quarter of them move to one archive segment file, which costs no memory
+    /// (sled's memory grows with the number of entries it holds). Mirrors without a directory
+    /// ([`Mirror::temporary`]) keep everything in sled.
+    pub live_entries: u64,
 }
 
 impl Default for MirrorOptions {
@@ -70,6 +91,7 @@ impl Default for MirrorOptions {
         MirrorOptions {
             retention: DEFAULT_RETENTION,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            live_entries: DEFAULT_LIVE_ENTRIES,
         }
     }
 }
@@ -107,7 +129,7 @@ pub enum MirrorError {
     },
     /// A mirror of another format version.
     #[error(
-        "journal mirror {path} has format {found:?}, this operator reads celld-journal-mirror/v1"
+        "journal mirror {path} has format {found:?}, this operator reads celld-journal-mirror/v1 and v2"
     )]
     UnsupportedFormat {
         /// The directory.
@@ -211,6 +233,15 @@ pub struct Mirror {
     /// dropped and sled's directory lock keeps other processes out. Saves `head` and
     /// `entries_from` a scan of all tree names (O(fleets)) on every reconcile.
     fleet_trees: Mutex<HashMap<String, sled::Tree>>,
+    /// Older entries, out of sled (none for a temporary mirror).
+    archive: Option<Archive>,
+    live_entries: u64,
+    /// The marker says v2 (set before the first segment is written).
+    archive_format: AtomicBool,
+    /// Per fleet, the first seq of its oldest segment (`None`: no archive), read from the
+    /// directory the first time it is needed: retention then looks at the files only when
+    /// there is something to remove.
+    archive_oldest: Mutex<HashMap<String, Option<Seq>>>,
 }
 
 fn seq_key(seq: Seq) -> [u8; 8] {
@@ -320,7 +351,7 @@ impl Mirror {
     /// [`MirrorError::NotAMirror`].
     fn has_marker(db: &sled::Db, path: &Path) -> Result<bool, MirrorError> {
         match db.get(MARKER_KEY)? {
-            Some(v) if v.as_ref() == MARKER_VALUE => Ok(true),
+            Some(v) if v.as_ref() == MARKER_V1 || v.as_ref() == MARKER_V2 => Ok(true),
             Some(v) => Err(MirrorError::UnsupportedFormat {
                 path: path.to_owned(),
                 found: String::from_utf8_lossy(&v).into_owned(),
@@ -388,7 +419,7 @@ impl Mirror {
         {
             let db = Self::open_sled(path, DEFAULT_CACHE_BYTES)?;
             if !Self::has_marker(&db, path)? {
-                db.insert(MARKER_KEY, MARKER_VALUE)?;
+                db.insert(MARKER_KEY, MARKER_V1)?;
             }
             db.flush()?;
         }
@@ -448,7 +479,7 @@ impl Mirror {
             .temporary(true)
             .cache_capacity(options.cache_bytes)
             .open()?;
-        db.insert(MARKER_KEY, MARKER_VALUE)?;
+        db.insert(MARKER_KEY, MARKER_V1)?;
         Self::from_db(db, options, None)
     }
 
@@ -457,6 +488,14 @@ impl Mirror {
         options: MirrorOptions,
         path: Option<PathBuf>,
     ) -> Result<Mirror, MirrorError> {
+        let archive = match &path {
+            Some(p) => Some(Archive::open(p).map_err(|source| MirrorError::Io {
+                path: p.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let archive_format = db.get(MARKER_KEY)?.is_some_and(|v| v.as_ref() == MARKER_V2);
         let diverged = db.open_tree(DIVERGED_TREE)?;
         let mut fleet_trees = HashMap::new();
         for name in db.tree_names() {
@@ -474,6 +513,10 @@ impl Mirror {
             retention: options.retention.max(1),
             path,
             fleet_trees: Mutex::new(fleet_trees),
+            archive,
+            live_entries: options.live_entries.max(4),
+            archive_format: AtomicBool::new(archive_format),
+            archive_oldest: Mutex::new(HashMap::new()),
         })
     }
 
@@ -547,13 +590,127 @@ impl Mirror {
         let Some(tree) = self.existing_tree(fleet) else {
             return Ok(None);
         };
-        match tree.last()? {
-            None => Ok(None),
-            Some((k, v)) => {
-                let e = Self::decode(fleet, &k, &v)?;
-                Ok(Some((e.seq(), e.hash())))
+        self.head_of(fleet, &tree)
+    }
+
+    /// The newest entry in sled, or — when sled holds none of `fleet`'s (a move to `diverged`
+    /// was interrupted) — in its archive.
+    fn head_of(&self, fleet: &str, tree: &sled::Tree) -> Result<Option<(Seq, Hash)>, MirrorError> {
+        if let Some((k, v)) = tree.last()? {
+            let e = Self::decode(fleet, &k, &v)?;
+            return Ok(Some((e.seq(), e.hash())));
+        }
+        Ok(self
+            .archived(fleet, 0, None)?
+            .last()
+            .map(|e| (e.seq(), e.hash())))
+    }
+
+    fn archive_io(&self, source: std::io::Error) -> MirrorError {
+        let path = self
+            .path
+            .clone()
+            .unwrap_or_default()
+            .join(archive::ARCHIVE_DIR);
+        match source.kind() {
+            // A full disk or a failed device, as sled's own I/O errors.
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+                MirrorError::Io { path, source }
+            }
+            _ => MirrorError::DiskFailed(format!("{}: {source}", path.display())),
+        }
+    }
+
+    /// `fleet`'s segments with the seq each ends before: the next one's first seq, or `live`
+    /// (sled's oldest) for the newest, so a segment whose entries sled (or a later segment)
+    /// also holds after an interrupted move counts only once.
+    fn segments_with_ends(
+        &self,
+        fleet: &str,
+        live: Option<Seq>,
+    ) -> Result<Vec<(Segment, Seq)>, MirrorError> {
+        let Some(archive) = &self.archive else {
+            return Ok(Vec::new());
+        };
+        let segments = archive.segments(fleet).map_err(|e| self.archive_io(e))?;
+        let ends: Vec<Seq> = segments
+            .iter()
+            .skip(1)
+            .map(|s| s.first)
+            .chain(std::iter::once(live.unwrap_or(Seq::MAX)))
+            .collect();
+        Ok(segments.into_iter().zip(ends).collect())
+    }
+
+    /// Decodes a segment's lines, checking that seqs increase; keeps those in `from..end`.
+    fn read_segment(
+        &self,
+        fleet: &str,
+        segment: &Segment,
+        from: Seq,
+        end: Seq,
+    ) -> Result<Vec<(Entry, Vec<u8>)>, MirrorError> {
+        let lines = Archive::read(segment).map_err(|e| self.archive_io(e))?;
+        let mut out = Vec::with_capacity(lines.len());
+        let mut expected = segment.first;
+        for line in lines {
+            let entry = Self::decode(fleet, &seq_key(expected), &line).or_else(|_| {
+                // Not the seq it should hold (a gap the mirror was backfilled across): still
+                // an entry, as long as seqs increase.
+                let text = std::str::from_utf8(&line).unwrap_or("");
+                match decode_entry(text) {
+                    Ok(e) if e.seq() >= expected => Ok(e),
+                    Ok(e) => Err(MirrorError::CorruptEntry {
+                        fleet: fleet.to_owned(),
+                        seq: expected,
+                        error: DecodeError::InvalidValue {
+                            path: "seq".to_owned(),
+                            problem: format!(
+                                "archive segment {} holds seq {} after seq {}",
+                                segment.path.display(),
+                                e.seq(),
+                                expected.saturating_sub(1)
+                            ),
+                        },
+                    }),
+                    Err(error) => Err(MirrorError::CorruptEntry {
+                        fleet: fleet.to_owned(),
+                        seq: expected,
+                        error,
+                    }),
+                }
+            })?;
+            expected = entry.seq() + 1;
+            if entry.seq() >= end {
+                break;
+            }
+            if entry.seq() >= from {
+                out.push((entry, line));
             }
         }
+        Ok(out)
+    }
+
+    /// Archived entries of `fleet` with `from` ≤ seq < `below` (sled's oldest; `None`: no
+    /// bound), oldest first.
+    fn archived(
+        &self,
+        fleet: &str,
+        from: Seq,
+        below: Option<Seq>,
+    ) -> Result<Vec<Entry>, MirrorError> {
+        let mut out = Vec::new();
+        for (segment, end) in self.segments_with_ends(fleet, below)? {
+            if end <= from {
+                continue;
+            }
+            out.extend(
+                self.read_segment(fleet, &segment, from, end)?
+                    .into_iter()
+                    .map(|(e, _)| e),
+            );
+        }
+        Ok(out)
     }
 
     /// Every entry of `fleet`, oldest first.
@@ -566,12 +723,17 @@ impl Mirror {
         let Some(tree) = self.existing_tree(fleet) else {
             return Ok(Vec::new());
         };
-        tree.range(seq_key(from)..)
-            .map(|kv| {
-                let (k, v) = kv?;
-                Self::decode(fleet, &k, &v)
-            })
-            .collect()
+        let live = tree.first()?.and_then(|(k, _)| key_seq(&k));
+        let mut out = if live.is_none_or(|l| from < l) {
+            self.archived(fleet, from, live)?
+        } else {
+            Vec::new()
+        };
+        for kv in tree.range(seq_key(from)..) {
+            let (k, v) = kv?;
+            out.push(Self::decode(fleet, &k, &v)?);
+        }
+        Ok(out)
     }
 
     /// Appends sealed entries of `fleet` (each must continue the mirror's newest entry; an entry
@@ -579,20 +741,17 @@ impl Mirror {
     /// retention, and flushes.
     pub fn append(&self, fleet: &str, entries: &[Entry]) -> Result<(), MirrorError> {
         let tree = self.tree(fleet)?;
-        let mut head = match tree.last()? {
-            None => None,
-            Some((k, v)) => {
-                let e = Self::decode(fleet, &k, &v)?;
-                Some((e.seq(), e.hash()))
-            }
-        };
+        let mut head = self.head_of(fleet, &tree)?;
         for e in entries {
             match head {
                 Some((hs, hh)) if e.seq() == hs + 1 && e.prev() == hh => {}
                 Some((hs, _)) if e.seq() <= hs => {
                     let same = match tree.get(seq_key(e.seq()))? {
                         Some(v) => v.as_ref() == e.to_json().as_bytes(),
-                        None => false,
+                        None => self
+                            .archived(fleet, e.seq(), Some(e.seq() + 1))?
+                            .first()
+                            .is_some_and(|a| a.to_json() == e.to_json()),
                     };
                     if same {
                         continue;
@@ -616,7 +775,7 @@ impl Mirror {
             head = Some((e.seq(), e.hash()));
         }
         if let Some((hs, _)) = head {
-            self.apply_retention(&tree, hs)?;
+            self.settle(fleet, &tree, hs)?;
         }
         self.db.flush()?;
         Ok(())
@@ -639,18 +798,190 @@ impl Mirror {
         }
     }
 
-    fn apply_retention(&self, tree: &sled::Tree, head_seq: Seq) -> Result<(), MirrorError> {
-        if head_seq <= self.retention {
+    /// Retention and archiving once `fleet`'s newest entry is `head_seq` (the caller flushes).
+    /// Retention keeps the entries with seq > head − retention: in sled one by one, in the
+    /// archive whole segments (a segment goes once all its entries are older). Then, when sled
+    /// holds more than `live_entries` of the fleet's entries, all but the newest quarter move
+    /// to one segment, written and synced before they leave sled.
+    fn settle(&self, fleet: &str, tree: &sled::Tree, head_seq: Seq) -> Result<(), MirrorError> {
+        let floor = (head_seq + 1).saturating_sub(self.retention).max(1);
+        if floor > 1 {
+            let mut batch = sled::Batch::default();
+            for k in tree.range(..seq_key(floor)).keys() {
+                batch.remove(k?);
+            }
+            tree.apply_batch(batch)?;
+        }
+        let Some(archive) = &self.archive else {
+            return Ok(());
+        };
+        let live = tree.first()?.and_then(|(k, _)| key_seq(&k));
+        if self
+            .oldest_archived(fleet)?
+            .is_some_and(|oldest| oldest < floor)
+        {
+            for (segment, end) in self.segments_with_ends(fleet, live)? {
+                if end <= floor {
+                    archive.remove(&segment).map_err(|e| self.archive_io(e))?;
+                }
+            }
+            self.archive_oldest().remove(fleet);
+        }
+        let (Some(first), Some(last)) = (live, tree.last()?.and_then(|(k, _)| key_seq(&k))) else {
+            return Ok(());
+        };
+        if last - first < self.live_entries {
             return Ok(());
         }
-        let floor = head_seq - self.retention + 1;
-        let old: Vec<sled::IVec> = tree
-            .range(..seq_key(floor))
-            .keys()
-            .collect::<Result<_, _>>()?;
-        for k in old {
-            tree.remove(k)?;
+        let held: Vec<(sled::IVec, sled::IVec)> = tree.iter().collect::<Result<_, _>>()?;
+        if held.len() as u64 <= self.live_entries {
+            return Ok(());
         }
+        let keep = (self.live_entries / 4).max(1) as usize;
+        let moving = &held[..held.len() - keep];
+        let Some(first_moved) = moving.first().and_then(|(k, _)| key_seq(k)) else {
+            return Ok(());
+        };
+        self.mark_archive_format()?;
+        let values: Vec<&[u8]> = moving.iter().map(|(_, v)| v.as_ref()).collect();
+        archive
+            .write(fleet, first_moved, &values)
+            .map_err(|e| self.archive_io(e))?;
+        if let Some(oldest) = self.archive_oldest().get_mut(fleet) {
+            oldest.get_or_insert(first_moved);
+        }
+        let mut batch = sled::Batch::default();
+        for (k, _) in moving {
+            batch.remove(k.clone());
+        }
+        tree.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn archive_oldest(&self) -> MutexGuard<'_, HashMap<String, Option<Seq>>> {
+        self.archive_oldest
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The first seq of `fleet`'s oldest segment (the directory is read once per fleet).
+    fn oldest_archived(&self, fleet: &str) -> Result<Option<Seq>, MirrorError> {
+        if let Some(known) = self.archive_oldest().get(fleet) {
+            return Ok(*known);
+        }
+        let oldest = self
+            .segments_with_ends(fleet, None)?
+            .first()
+            .map(|(s, _)| s.first);
+        self.archive_oldest().insert(fleet.to_owned(), oldest);
+        Ok(oldest)
+    }
+
+    /// Makes the marker say v2 (durably) before the first segment is written: an operator that
+    /// reads v1 only must not open a mirror whose older entries it would not see.
+    fn mark_archive_format(&self) -> Result<(), MirrorError> {
+        if !self.archive_format.load(Ordering::Acquire) {
+            self.db.insert(MARKER_KEY, MARKER_V2)?;
+            self.db.flush()?;
+            self.archive_format.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Keeps `bytes` (an entry's stored JSON) aside in the `diverged` tree.
+    fn keep_aside(
+        &self,
+        fleet: &str,
+        seq: Seq,
+        bytes: &[u8],
+        reason: DivergeReason,
+    ) -> Result<(), MirrorError> {
+        let mut key = Vec::with_capacity(fleet.len() + 17);
+        key.extend_from_slice(fleet.as_bytes());
+        key.push(0);
+        key.extend_from_slice(&seq.to_be_bytes());
+        key.extend_from_slice(&self.db.generate_id()?.to_be_bytes());
+        let mut value = Vec::with_capacity(bytes.len() + 32);
+        value.extend_from_slice(b"{\"entry\":");
+        value.extend_from_slice(bytes);
+        value.extend_from_slice(format!(",\"reason\":\"{}\"}}", reason.as_str()).as_bytes());
+        self.diverged.insert(key, value)?;
+        Ok(())
+    }
+
+    /// Moves `fleet`'s entries with seq in `from..=through` to `diverged`, from sled and from
+    /// the archive. Everything moved is kept aside and flushed first, then the segments are cut
+    /// (a kept part is written before the old file goes), then sled's entries removed: a crash
+    /// in between duplicates, never loses.
+    fn move_to_diverged(
+        &self,
+        fleet: &str,
+        tree: &sled::Tree,
+        from: Seq,
+        through: Seq,
+        reason: DivergeReason,
+    ) -> Result<(), MirrorError> {
+        type Cut = (Segment, Vec<Vec<u8>>, Option<(Seq, Vec<Vec<u8>>)>);
+        let live = tree.first()?.and_then(|(k, _)| key_seq(&k));
+        let mut cuts: Vec<Cut> = Vec::new();
+        let mut moved: Vec<(Seq, Vec<u8>)> = Vec::new();
+        if self.archive.is_some() && live.is_none_or(|l| from < l) {
+            for (segment, end) in self.segments_with_ends(fleet, live)? {
+                if end <= from || segment.first > through {
+                    continue;
+                }
+                let mut before = Vec::new();
+                let mut after: Option<(Seq, Vec<Vec<u8>>)> = None;
+                for (entry, line) in self.read_segment(fleet, &segment, 0, end)? {
+                    let seq = entry.seq();
+                    if seq < from {
+                        before.push(line);
+                    } else if seq <= through {
+                        moved.push((seq, line));
+                    } else {
+                        after.get_or_insert_with(|| (seq, Vec::new())).1.push(line);
+                    }
+                }
+                cuts.push((segment, before, after));
+            }
+        }
+        let live_moved: Vec<(sled::IVec, sled::IVec)> = tree
+            .range(seq_key(from)..=seq_key(through))
+            .collect::<Result<_, _>>()?;
+        if moved.is_empty() && live_moved.is_empty() {
+            return Ok(());
+        }
+        for (seq, bytes) in &moved {
+            self.keep_aside(fleet, *seq, bytes, reason)?;
+        }
+        for (k, v) in &live_moved {
+            self.keep_aside(fleet, key_seq(k).unwrap_or(0), v, reason)?;
+        }
+        self.db.flush()?;
+        if let Some(archive) = &self.archive {
+            for (segment, before, after) in cuts {
+                if let Some((first, lines)) = after {
+                    let lines: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
+                    archive
+                        .write(fleet, first, &lines)
+                        .map_err(|e| self.archive_io(e))?;
+                }
+                if before.is_empty() {
+                    archive.remove(&segment).map_err(|e| self.archive_io(e))?;
+                } else {
+                    let lines: Vec<&[u8]> = before.iter().map(Vec::as_slice).collect();
+                    archive
+                        .write(fleet, segment.first, &lines)
+                        .map_err(|e| self.archive_io(e))?;
+                }
+            }
+            self.archive_oldest().remove(fleet);
+        }
+        let mut batch = sled::Batch::default();
+        for (k, _) in live_moved {
+            batch.remove(k);
+        }
+        tree.apply_batch(batch)?;
         Ok(())
     }
 
@@ -659,6 +990,13 @@ impl Mirror {
     /// on gaining the lease, before driving any operation.
     pub fn reconcile(&self, annotation: &Document) -> Result<ReconcilePlan, MirrorError> {
         let fleet = annotation.fleet_uid();
+        // Same newest entry: the hash chain makes every earlier one the same too (the mirror
+        // only takes entries that continue its chain, or the annotation's own), so nothing is
+        // read further back — in particular not the archive.
+        if annotation.seq() > 0 && self.head(fleet)? == Some((annotation.seq(), annotation.head()))
+        {
+            return Ok(ReconcilePlan::default());
+        }
         let from = annotation.compacted_through();
         let held: Vec<(Seq, Hash)> = self
             .entries_from(fleet, from)?
@@ -682,37 +1020,14 @@ impl Mirror {
                     from,
                     through,
                     reason,
-                } => {
-                    let moved: Vec<(sled::IVec, sled::IVec)> = tree
-                        .range(seq_key(*from)..=seq_key(*through))
-                        .collect::<Result<_, _>>()?;
-                    for (k, v) in moved {
-                        let seq = key_seq(&k).unwrap_or(0);
-                        let mut key = Vec::with_capacity(fleet.len() + 17);
-                        key.extend_from_slice(fleet.as_bytes());
-                        key.push(0);
-                        key.extend_from_slice(&seq.to_be_bytes());
-                        key.extend_from_slice(&self.db.generate_id()?.to_be_bytes());
-                        let mut value = Vec::with_capacity(v.len() + 32);
-                        value.extend_from_slice(b"{\"entry\":");
-                        value.extend_from_slice(&v);
-                        value.extend_from_slice(
-                            format!(",\"reason\":\"{}\"}}", reason.as_str()).as_bytes(),
-                        );
-                        // Keep aside first, then remove: a crash in between duplicates, never loses.
-                        self.diverged.insert(key, value)?;
-                        tree.remove(&k)?;
-                    }
-                }
+                } => self.move_to_diverged(fleet, &tree, *from, *through, *reason)?,
                 MirrorAction::Write(e) => {
                     tree.insert(seq_key(e.seq()), e.to_json().as_bytes())?;
                 }
             }
         }
-        if let Some((k, _)) = tree.last()? {
-            if let Some(hs) = key_seq(&k) {
-                self.apply_retention(&tree, hs)?;
-            }
+        if let Some((hs, _)) = self.head_of(fleet, &tree)? {
+            self.settle(fleet, &tree, hs)?;
         }
         self.db.flush()?;
         Ok(())
@@ -786,7 +1101,7 @@ impl Mirror {
     /// The mirror's size on disk in bytes (sled's log and snapshot files): it grows with the
     /// history held, about 0.8 KB per entry (docs/operations.md "Sizing the journal mirror").
     pub fn size_on_disk(&self) -> Result<u64, MirrorError> {
-        Ok(self.db.size_on_disk()?)
+        Ok(self.db.size_on_disk()? + self.archive.as_ref().map_or(0, Archive::bytes))
     }
 
     /// Rebuilds a mirror at `path` from annotation documents (each must verify). An existing
@@ -836,7 +1151,7 @@ impl Mirror {
                 entries += 1;
             }
             if let Some(last) = doc.entries().last() {
-                mirror.apply_retention(&tree, last.seq())?;
+                mirror.settle(doc.fleet_uid(), &tree, last.seq())?;
             }
         }
         mirror.flush()?;
