@@ -116,6 +116,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = journal::DEFAULT_CACHE_BYTES,
           value_parser = clap::value_parser!(u64).range(1_048_576..=1_073_741_824))]
     pub journal_cache_bytes: u64,
+    /// Each fleet's newest mirror entries held in sled; older ones are archived in files
+    /// (docs/journal.md "The mirror on disk"). Hidden: tests set a small window to see the
+    /// archive at work after a few operations.
+    #[arg(long, hide = true, default_value_t = journal::DEFAULT_LIVE_ENTRIES,
+          value_parser = clap::value_parser!(u64).range(4..=1_000_000))]
+    pub journal_live_entries: u64,
     /// `NAME[:N][:stop]`: exit with code 3 (or stop with SIGSTOP) the (N-th) time NAME is
     /// reached (needs --local-test).
     #[arg(long, value_parser = parse_fault_point)]

@@ -522,7 +522,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         MirrorOptions {
             retention: args.journal_retention,
             cache_bytes: args.journal_cache_bytes,
-            ..MirrorOptions::default()
+            live_entries: args.journal_live_entries,
         },
     )
     .map_err(|e| anyhow::anyhow!("journal mirror {}: {e}", args.journal_dir.display()))?;

@@ -688,8 +688,11 @@ async fn a_failed_mirror_disk_stops_effects_until_the_replica_reopens_it() {
         writes,
         "no workload write after an entry the mirror could not hold"
     );
-    // A new process reopens the mirror and carries the growth out.
-    let mut op = Operator::start(None);
+    // A new process reopens the mirror and carries the growth out. It holds only the newest 4
+    // entries of a fleet in sled, so the mirror the first process left (format v1, no
+    // archive) gets its older entries archived in files on the same volume.
+    assert!(!journal_dir.join("archive").exists());
+    let mut op = Operator::start_with(|o| o.extra_args.push("--journal-live-entries=4".into()));
     ready(&api, "phi", 4).await;
     until("the growth to close", 60, &api, "phi", || async {
         let s = api.get("phi").await.ok()?.status?;
@@ -705,7 +708,19 @@ async fn a_failed_mirror_disk_stops_effects_until_the_replica_reopens_it() {
         Some((done.document().seq(), done.document().head())),
         "the mirror holds the annotation's newest entry again"
     );
+    let held = mirror.entries(done.fleet_uid()).unwrap();
+    assert_eq!(held.first().map(|e| e.seq()), Some(1));
+    assert_eq!(held.len() as u64, done.document().seq());
     drop(mirror);
+    let segments = std::fs::read_dir(journal_dir.join("archive").join(done.fleet_uid()))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert!(
+        segments >= 1,
+        "older entries archived on the mirror's volume"
+    );
+    // `journal verify --source both`: the mirror, archive included, against the annotation.
+    verify_journal(&ns.name, "phi", Some(&journal_dir));
     let _op = Operator::start(None); // deletion needs a running operator
     cleanup(&client, ns).await;
     drop(disk);
