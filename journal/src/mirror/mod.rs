@@ -238,10 +238,11 @@ pub struct Mirror {
     live_entries: u64,
     /// The marker says v2 (set before the first segment is written).
     archive_format: AtomicBool,
-    /// Per fleet, the first seq of its oldest segment (`None`: no archive), read from the
-    /// directory the first time it is needed: retention then looks at the files only when
-    /// there is something to remove.
-    archive_oldest: Mutex<HashMap<String, Option<Seq>>>,
+    /// Per fleet, the seq its oldest segment ends before (`None`: no archive), read from the
+    /// directory the first time it is needed: retention looks at the files only once that
+    /// segment is wholly older than what it keeps. Archiving never moves that end (a new
+    /// segment begins where sled began); a trim or a move to `diverged` forgets it.
+    archive_trim_at: Mutex<HashMap<String, Option<Seq>>>,
 }
 
 fn seq_key(seq: Seq) -> [u8; 8] {
@@ -516,7 +517,7 @@ impl Mirror {
             archive,
             live_entries: options.live_entries.max(4),
             archive_format: AtomicBool::new(archive_format),
-            archive_oldest: Mutex::new(HashMap::new()),
+            archive_trim_at: Mutex::new(HashMap::new()),
         })
     }
 
@@ -600,10 +601,13 @@ impl Mirror {
             let e = Self::decode(fleet, &k, &v)?;
             return Ok(Some((e.seq(), e.hash())));
         }
+        let Some((segment, end)) = self.segments_with_ends(fleet, None)?.pop() else {
+            return Ok(None);
+        };
         Ok(self
-            .archived(fleet, 0, None)?
+            .read_segment(fleet, &segment, 0, end)?
             .last()
-            .map(|e| (e.seq(), e.hash())))
+            .map(|(e, _)| (e.seq(), e.hash())))
     }
 
     fn archive_io(&self, source: std::io::Error) -> MirrorError {
@@ -816,16 +820,16 @@ impl Mirror {
             return Ok(());
         };
         let live = tree.first()?.and_then(|(k, _)| key_seq(&k));
-        if self
-            .oldest_archived(fleet)?
-            .is_some_and(|oldest| oldest < floor)
-        {
+        if self.trim_at(fleet, live)?.is_some_and(|end| end <= floor) {
+            let mut next = None;
             for (segment, end) in self.segments_with_ends(fleet, live)? {
                 if end <= floor {
                     archive.remove(&segment).map_err(|e| self.archive_io(e))?;
+                } else {
+                    next.get_or_insert(end);
                 }
             }
-            self.archive_oldest().remove(fleet);
+            self.archive_trim_at().insert(fleet.to_owned(), next);
         }
         let (Some(first), Some(last)) = (live, tree.last()?.and_then(|(k, _)| key_seq(&k))) else {
             return Ok(());
@@ -847,8 +851,12 @@ impl Mirror {
         archive
             .write(fleet, first_moved, &values)
             .map_err(|e| self.archive_io(e))?;
-        if let Some(oldest) = self.archive_oldest().get_mut(fleet) {
-            oldest.get_or_insert(first_moved);
+        if let (Some(known), Some((k, _))) = (
+            self.archive_trim_at().get_mut(fleet),
+            held.get(held.len() - keep),
+        ) {
+            // The first segment: it ends where sled now begins.
+            known.get_or_insert(key_seq(k).unwrap_or(Seq::MAX));
         }
         let mut batch = sled::Batch::default();
         for (k, _) in moving {
@@ -858,23 +866,24 @@ impl Mirror {
         Ok(())
     }
 
-    fn archive_oldest(&self) -> MutexGuard<'_, HashMap<String, Option<Seq>>> {
-        self.archive_oldest
+    fn archive_trim_at(&self) -> MutexGuard<'_, HashMap<String, Option<Seq>>> {
+        self.archive_trim_at
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The first seq of `fleet`'s oldest segment (the directory is read once per fleet).
-    fn oldest_archived(&self, fleet: &str) -> Result<Option<Seq>, MirrorError> {
-        if let Some(known) = self.archive_oldest().get(fleet) {
+    /// The seq `fleet`'s oldest segment ends before, `live` being sled's oldest (the
+    /// directory is read once per fleet, see `archive_trim_at`).
+    fn trim_at(&self, fleet: &str, live: Option<Seq>) -> Result<Option<Seq>, MirrorError> {
+        if let Some(known) = self.archive_trim_at().get(fleet) {
             return Ok(*known);
         }
-        let oldest = self
-            .segments_with_ends(fleet, None)?
+        let end = self
+            .segments_with_ends(fleet, live)?
             .first()
-            .map(|(s, _)| s.first);
-        self.archive_oldest().insert(fleet.to_owned(), oldest);
-        Ok(oldest)
+            .map(|(_, end)| *end);
+        self.archive_trim_at().insert(fleet.to_owned(), end);
+        Ok(end)
     }
 
     /// Makes the marker say v2 (durably) before the first segment is written: an operator that
@@ -975,7 +984,7 @@ impl Mirror {
                         .map_err(|e| self.archive_io(e))?;
                 }
             }
-            self.archive_oldest().remove(fleet);
+            self.archive_trim_at().remove(fleet);
         }
         let mut batch = sled::Batch::default();
         for (k, _) in live_moved {
