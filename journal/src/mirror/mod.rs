@@ -810,11 +810,17 @@ impl Mirror {
     fn settle(&self, fleet: &str, tree: &sled::Tree, head_seq: Seq) -> Result<(), MirrorError> {
         let floor = (head_seq + 1).saturating_sub(self.retention).max(1);
         if floor > 1 {
-            let mut batch = sled::Batch::default();
-            for k in tree.range(..seq_key(floor)).keys() {
-                batch.remove(k?);
+            let old: Vec<sled::IVec> = tree
+                .range(..seq_key(floor))
+                .keys()
+                .collect::<Result<_, _>>()?;
+            if !old.is_empty() {
+                let mut batch = sled::Batch::default();
+                for k in old {
+                    batch.remove(k);
+                }
+                tree.apply_batch(batch)?;
             }
-            tree.apply_batch(batch)?;
         }
         let Some(archive) = &self.archive else {
             return Ok(());
