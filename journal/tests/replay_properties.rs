@@ -22,6 +22,11 @@ use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 const SEED: [u8; 32] = *b"celld-journal replay property 01";
 const CASES: u32 = 64;
 const BUDGET: usize = 64 * 1024;
+const MIRROR: MirrorOptions = MirrorOptions {
+    retention: journal::DEFAULT_RETENTION,
+    cache_bytes: journal::DEFAULT_CACHE_BYTES,
+    live_entries: 4,
+};
 
 // ---- the script ----
 
@@ -193,7 +198,10 @@ struct Process {
 struct Harness {
     case: Case,
     store: InMemoryAppender,
+    /// On disk, holding 4 entries per fleet in sled: the rest of the history goes through the
+    /// archive's segment files, and every crash reopens it.
     mirror: Mirror,
+    dir: tempfile::TempDir,
     world: World,
     minute: i64,
     next_op: u64,
@@ -212,10 +220,12 @@ impl Harness {
         for (call, fault) in &case.faults {
             store.inject_at(*call, *fault);
         }
+        let dir = tempfile::tempdir().unwrap();
         Harness {
             case,
             store,
-            mirror: Mirror::temporary(MirrorOptions::default()).unwrap(),
+            mirror: Mirror::open(dir.path(), MIRROR).unwrap(),
+            dir,
             world: World::default(),
             minute: 0,
             next_op: 0,
@@ -596,6 +606,15 @@ impl Harness {
         self.append(p, id, body(false))
     }
 
+    /// What a restarted process does: opens the mirror it left.
+    fn reopen_mirror(&mut self) {
+        drop(std::mem::replace(
+            &mut self.mirror,
+            Mirror::temporary(MIRROR).unwrap(),
+        ));
+        self.mirror = Mirror::open(self.dir.path(), MIRROR).unwrap();
+    }
+
     /// Runs reconciles until everything is done, restarting the process after each crash.
     fn run(&mut self) {
         let mut process = Process::default();
@@ -607,6 +626,7 @@ impl Harness {
                 // decides what to do with a blocked operation: deadlines do pass.
                 Err(Stop::Crash) => {
                     process = Process::default();
+                    self.reopen_mirror();
                     self.minute += 9;
                 }
                 Err(Stop::Fault) => self.minute += 4,
