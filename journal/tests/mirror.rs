@@ -13,6 +13,31 @@ fn history(n: u64) -> Writer {
     w
 }
 
+/// The entries of `w`'s journal that `m` does not hold yet (the annotation keeps only the
+/// newest, so they are taken as each operation commits).
+fn unmirrored(m: &Mirror, w: &Writer) -> Vec<Entry> {
+    let held = m.head(FLEET).unwrap().map_or(0, |(seq, _)| seq);
+    w.journal
+        .entries()
+        .iter()
+        .filter(|e| e.seq() > held)
+        .cloned()
+        .collect()
+}
+
+/// Appends `ops` Scale operations to `m` as they commit (4 entries each, mirrored one
+/// operation at a time, as the operator does), and returns every entry written.
+fn grow(m: &Mirror, w: &mut Writer, ops: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
+    let mut all = Vec::new();
+    for i in ops {
+        w.scale(op(i), 1, 2);
+        let new = unmirrored(m, w);
+        m.append(FLEET, &new).unwrap();
+        all.extend(new);
+    }
+    all
+}
+
 fn hashes(entries: &[Entry]) -> Vec<(Seq, Hash)> {
     entries.iter().map(|e| (e.seq(), e.hash())).collect()
 }
@@ -264,19 +289,7 @@ fn its_size_on_disk_grows_with_the_history_it_holds() {
     let empty = m.size_on_disk().unwrap();
     // 2,000 entries, each operation mirrored as it commits (the annotation keeps only the
     // newest): sled's log grows by whole segments (512 KiB).
-    let mut w = Writer::new();
-    for i in 1..=500 {
-        w.scale(op(i), 1, 2);
-        let held = m.head(FLEET).unwrap().map_or(0, |(seq, _)| seq);
-        let new: Vec<Entry> = w
-            .journal
-            .entries()
-            .iter()
-            .filter(|e| e.seq() > held)
-            .cloned()
-            .collect();
-        m.append(FLEET, &new).unwrap();
-    }
+    grow(&m, &mut Writer::new(), 1..=500);
     assert_eq!(m.head(FLEET).unwrap().map(|(seq, _)| seq), Some(2000));
     let full = m.size_on_disk().unwrap();
     assert!(
@@ -661,26 +674,6 @@ fn small(live_entries: u64) -> MirrorOptions {
     }
 }
 
-/// Appends `ops` Scale operations to `m` as they commit (4 entries each, mirrored one
-/// operation at a time, as the operator does), and returns every entry written.
-fn grow(m: &Mirror, w: &mut Writer, ops: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
-    let mut all = Vec::new();
-    for i in ops {
-        let held = m.head(FLEET).unwrap().map_or(0, |(seq, _)| seq);
-        w.scale(op(i), 1, 2);
-        let new: Vec<Entry> = w
-            .journal
-            .entries()
-            .iter()
-            .filter(|e| e.seq() > held)
-            .cloned()
-            .collect();
-        m.append(FLEET, &new).unwrap();
-        all.extend(new);
-    }
-    all
-}
-
 fn segments(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.join("archive").join(FLEET))
         .map(|d| {
@@ -875,16 +868,8 @@ fn a_rollback_into_the_archive_sets_the_archived_entries_aside() {
         budget: Budget::default(),
         minute: 100,
     };
-    let held = m.head(FLEET).unwrap().unwrap().0;
     next.push(op(8), completed(CompletedOutcome::Succeeded));
-    let new: Vec<Entry> = next
-        .journal
-        .entries()
-        .iter()
-        .filter(|e| e.seq() > held)
-        .cloned()
-        .collect();
-    m.append(FLEET, &new).unwrap();
+    m.append(FLEET, &unmirrored(&m, &next)).unwrap();
     drop(m);
     let m = Mirror::open(dir.path(), small(8)).unwrap();
     let read = m.entries(FLEET).unwrap();
